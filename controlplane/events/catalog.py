@@ -1,0 +1,84 @@
+"""The subject catalogue: which payload each subject carries, and at which schema version."""
+
+from __future__ import annotations
+
+from . import payloads as p
+
+SUBJECTS: dict[str, tuple[type, int]] = {
+    "job.submitted": (p.JobSubmitted, 1),
+    "job.rejected": (p.Rejected, 1),
+    "job.started": (p.JobStarted, 1),
+    "job.reconfigured": (p.JobReconfigured, 1),
+    "job.completed": (p.JobCompleted, 1),
+    "job.failed": (p.JobFailed, 1),
+    "job.preempted": (p.JobPreempted, 1),
+    "node.registered": (p.NodeRegistered, 1),
+    "node.heartbeat": (p.NodeHeartbeat, 1),
+    "node.lost": (p.NodeLost, 1),
+    "metrics.iteration": (p.MetricsIteration, 1),
+    "model.updated": (p.ModelUpdated, 1),
+    "plan.decided": (p.PlanDecided, 1),
+    "clock.tick": (p.ClockTick, 1),
+}
+"""Catalogue subject -> (payload class, current schema version)."""
+
+REJECTED_SUFFIX = ".rejected"
+REJECTED_VERSION = 1
+
+STREAM_NAME = "RUBICK"
+STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>")
+"""One JetStream stream captures every control-plane subject (and any routing suffix)."""
+
+ROUTED = frozenset({"plan.decided", "metrics.iteration", "node.heartbeat"})
+"""Subjects that may carry a routing suffix, e.g. `plan.decided.<node>`."""
+
+
+class UnknownSubject(ValueError):
+    pass
+
+
+def is_rejection(subject: str) -> bool:
+    return subject == "job.rejected" or subject.endswith(REJECTED_SUFFIX)
+
+
+def base_subject(subject: str) -> str:
+    """The catalogue subject a wire subject belongs to (strips a routing suffix).
+
+    Raises UnknownSubject for anything outside the catalogue.
+    """
+    if subject in SUBJECTS:
+        return subject
+    if subject.endswith(REJECTED_SUFFIX):
+        inner = subject[: -len(REJECTED_SUFFIX)]
+        if inner and not is_rejection(inner):
+            # the refusal of any subject, known or not (an unknown subject is itself refused)
+            return REJECTED_SUFFIX[1:]
+    for known in ROUTED:
+        if subject.startswith(known + ".") and len(subject) > len(known) + 1:
+            return known
+    raise UnknownSubject(subject)
+
+
+def payload_type(subject: str) -> tuple[type, int]:
+    """(payload class, current version) for a wire subject."""
+    base = base_subject(subject)
+    if base == "rejected":
+        return p.Rejected, REJECTED_VERSION
+    return SUBJECTS[base]
+
+
+def rejection_subject(subject: str) -> str | None:
+    """Where a refusal of a message on `subject` is published; None for a rejection itself."""
+    if is_rejection(subject):
+        return None
+    if subject == "job.submitted":
+        return "job.rejected"
+    try:
+        base = base_subject(subject)
+    except UnknownSubject:
+        base = subject
+    return base + REJECTED_SUFFIX
+
+
+def all_subjects() -> list[str]:
+    return sorted(SUBJECTS)

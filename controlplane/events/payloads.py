@@ -1,0 +1,314 @@
+"""Payload dataclasses, one per subject of the catalogue (docs/events.md).
+
+Every field documents its type and unit through `spec(...)`; `check()` adds the
+rules that span several fields. Units: seconds (s), gigabytes (GB, 10^9 bytes),
+gigabytes per second (GB/s), samples per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schema import Invalid, spec
+
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+"""Job, tenant and node names: usable in NATS subjects and file names."""
+
+MAX_GPUS = 65_536
+"""No request or node may name more GPUs than this (the largest clusters are below it)."""
+MAX_CPUS = 1_000_000
+MAX_MEM_GB = 10_000_000.0
+MAX_DEGREE = 65_536
+
+
+def ident(doc: str, example: str, **kw) -> str:
+    return spec(doc, pattern=ID_PATTERN, max_len=128, example=example, **kw)
+
+
+# --- shared parts ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """An execution plan: parallel degrees, ZeRO, offload, gradient accumulation, checkpointing."""
+
+    dp: int = spec("data-parallel size", ge=1, le=MAX_DEGREE, default=1, example=2)
+    tp: int = spec("tensor-parallel size (kept inside one node)", ge=1, le=MAX_DEGREE, default=1, example=1)
+    pp: int = spec("pipeline-parallel size (stages)", ge=1, le=MAX_DEGREE, default=1, example=1)
+    zero_stage: int = spec("DeepSpeed ZeRO stage", choices=(0, 1, 2, 3), default=0, example=2)
+    offload: bool = spec("ZeRO-Offload: optimizer state and step on the CPU", default=False, example=False)
+    ga_steps: int = spec("gradient-accumulation steps per iteration", ge=1, le=1_000_000, default=1, example=1)
+    gc: bool = spec("gradient (activation) checkpointing", default=False, example=False)
+    micro_batches: int = spec("pipeline micro-batches per iteration (1 without PP)", ge=1, le=1_000_000,
+                              default=1, example=1)
+
+    def check(self, path: str = "") -> None:
+        if self.offload and self.zero_stage == 0:
+            raise Invalid("ZeRO-Offload needs a ZeRO stage of 1 or more", _p(path, "offload"),
+                          "zero_stage >= 1", f"zero_stage {self.zero_stage}")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def code(self) -> str:
+        """Compact, stable text form (the event log's `plan` column)."""
+        return (f"dp{self.dp}-tp{self.tp}-pp{self.pp}-z{self.zero_stage}"
+                f"{'-off' if self.offload else ''}-ga{self.ga_steps}{'-gc' if self.gc else ''}"
+                f"{f'-mb{self.micro_batches}' if self.micro_batches != 1 else ''}")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A resource request: GPUs, CPU cores and host memory for the whole job."""
+
+    gpus: int = spec("GPUs", ge=1, le=MAX_GPUS, example=2)
+    cpus: int = spec("CPU cores (0 = policy decides)", ge=0, le=MAX_CPUS, default=0, example=16)
+    mem_gb: float = spec("host memory (0 = policy decides)", unit="GB", ge=0, le=MAX_MEM_GB, default=0.0,
+                         example=64.0)
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """The part of a job's allocation on one node."""
+
+    node: str = ident("node name", "node-0")
+    gpus: int = spec("GPUs on this node", ge=0, le=MAX_GPUS, example=2)
+    cpus: int = spec("CPU cores on this node", ge=0, le=MAX_CPUS, default=0, example=16)
+    mem_gb: float = spec("host memory on this node", unit="GB", ge=0, le=MAX_MEM_GB, default=0.0, example=64.0)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture of a model type, enough for the performance and memory models."""
+
+    name: str = ident("model type this spec describes", "gpt2")
+    num_params: int = spec("parameter count", ge=1, le=10**14, example=1_557_686_400)
+    num_layers: int = spec("transformer layers", ge=1, le=100_000, example=48)
+    hidden_size: int = spec("hidden size", ge=1, le=10**7, example=1600)
+    num_heads: int = spec("attention heads", ge=1, le=100_000, example=25)
+    seq_len: int = spec("sequence length", unit="tokens", ge=1, le=10**8, example=1024)
+    global_batch_size: int = spec("global batch the forward time was profiled at", ge=1, le=10**8, example=32)
+    fwd_time_s: float | None = spec("profiled forward time of one GPU at that batch", unit="s", gt=0,
+                                    le=86_400, default=None, example=0.21)
+
+    def check(self, path: str = "") -> None:
+        if self.hidden_size % self.num_heads:
+            raise Invalid("hidden_size must be divisible by num_heads", _p(path, "hidden_size"),
+                          f"a multiple of {self.num_heads}", str(self.hidden_size))
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model type by name, with its full spec when the type is new to the cluster."""
+
+    type: str = ident("model type (see examples/models)", "gpt2")
+    spec: ModelSpec | None = spec("full architecture, required for a type the cluster does not know",
+                                  default=None)
+
+    def check(self, path: str = "") -> None:
+        if self.spec is not None and self.spec.name != self.type:
+            raise Invalid("spec.name must equal type", _p(path, "spec.name"), self.type, self.spec.name)
+
+
+def _p(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+# --- jobs -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobSubmitted:
+    """A new training job."""
+
+    job_id: str = ident("job id, unique in the cluster for ever", "gpt2-0007")
+    tenant: str = ident("tenant (team) that owns the job and whose quota it uses", "team-a")
+    guaranteed: bool = spec("true: must get at least the performance of the requested plan and resources",
+                            example=True)
+    model: ModelRef = spec("model type")
+    global_batch_size: int = spec("samples per iteration; never changed by reconfiguration", ge=1, le=10**8,
+                                  example=32)
+    plan: Plan = spec("the owner's execution plan")
+    resources: Resources = spec("the owner's requested resources")
+    target_iterations: int = spec("iterations to run before the job is complete", ge=1, le=10**12,
+                                  example=1000)
+
+    def check(self, path: str = "") -> None:
+        if self.plan.gpus != self.resources.gpus:
+            raise Invalid("plan dp*tp*pp must equal the requested GPUs", _p(path, "plan"),
+                          f"{self.resources.gpus} GPUs", f"dp*tp*pp = {self.plan.gpus}")
+        per_step = self.plan.dp * self.plan.ga_steps
+        if self.global_batch_size % per_step:
+            raise Invalid("global_batch_size must be divisible by dp * ga_steps", _p(path, "global_batch_size"),
+                          f"a multiple of {per_step}", str(self.global_batch_size))
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message refused, with the reason. Published on `<subject>.rejected` (`job.rejected` for
+    `job.submitted`); never itself answered with another rejection."""
+
+    subject: str = spec("subject of the refused message", example="job.submitted")
+    reason: str = spec("why, in words", example="unknown field")
+    field: str = spec("the offending field, dotted path", default="", example="resources.gpus")
+    expected: str = spec("what the field should have been", default="", example="<= 65536")
+    got: str = spec("what it was", default="", example="1000000")
+    event_id: str = spec("id of the refused event, where it could be read", default="", example="cli-1f3a")
+    job_id: str | None = spec("job the message was about, where it could be read", default=None,
+                              example="gpt2-0007")
+    stream_seq: int | None = spec("stream sequence of the refused message in the event log", ge=0,
+                                  default=None, example=41)
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    """A job's processes started under a plan and placement."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    allocation: tuple[NodeShare, ...] = spec("resources per node in force")
+    plan: Plan = spec("plan in force")
+    attempt: int = spec("launch count of this job, 1 for the first", ge=1, default=1, example=1)
+
+
+@dataclass(frozen=True)
+class JobReconfigured:
+    """A job was checkpointed and relaunched under a new plan or placement."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    allocation: tuple[NodeShare, ...] = spec("resources per node now in force")
+    plan: Plan = spec("plan now in force")
+    restart_cost_s: float = spec("measured checkpoint + relaunch + first-iteration time", unit="s", ge=0,
+                                 le=86_400, example=78.0)
+
+
+@dataclass(frozen=True)
+class JobCompleted:
+    """A job ran its target iterations."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    iterations: int = spec("iterations run", ge=0, example=1000)
+
+
+@dataclass(frozen=True)
+class JobFailed:
+    """A job's processes failed; its resources are released."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    reason: str = spec("why", example="exit code 137")
+    exit_code: int | None = spec("exit code of the failing process", default=None, example=137)
+    log_tail: str = spec("last lines of the process log", default="", max_len=16_384, example="")
+
+
+@dataclass(frozen=True)
+class JobPreempted:
+    """A job was stopped to free its resources; it keeps its checkpoint and waits."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    reason: str = spec("why", example="shrunk to zero by the policy")
+    iterations_done: int = spec("iterations done when stopped", ge=0, example=420)
+
+
+# --- nodes ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NodeRegistered:
+    """A node and its capacity."""
+
+    node: str = ident("node name", "node-0")
+    gpus: int = spec("GPUs", ge=0, le=1024, example=8)
+    gpu_mem_gb: float = spec("memory of one GPU", unit="GB", ge=0, le=100_000, example=80.0)
+    cpus: int = spec("CPU cores", ge=1, le=MAX_CPUS, example=96)
+    mem_gb: float = spec("host memory", unit="GB", gt=0, le=MAX_MEM_GB, example=1600.0)
+    gpu_type: str = spec("GPU model name", default="", max_len=128, example="A800-80GB")
+    nvlink_gbps: float | None = spec("GPU-to-GPU bandwidth inside the node", unit="GB/s", gt=0, default=None,
+                                     example=400.0)
+    pcie_gbps: float | None = spec("host-to-GPU bandwidth", unit="GB/s", gt=0, default=None, example=32.0)
+    network_gbps: float | None = spec("node-to-node bandwidth", unit="GB/s", gt=0, default=None, example=100.0)
+
+
+@dataclass(frozen=True)
+class NodeHeartbeat:
+    """A node is alive; the jobs it runs now."""
+
+    node: str = ident("node name", "node-0")
+    jobs: tuple[str, ...] = spec("ids of the jobs running on the node", default=())
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A node stopped answering or left; its jobs are gone."""
+
+    node: str = ident("node name", "node-0")
+    reason: str = spec("why", example="no heartbeat for 30 s")
+
+
+# --- metrics, model, plans, clock ----------------------------------------------------
+
+@dataclass(frozen=True)
+class MetricsIteration:
+    """One measured training iteration of a job under a plan and placement."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    model_type: str = ident("model type", "gpt2")
+    iteration: int = spec("iteration number, from 0", ge=0, example=42)
+    iter_time_s: float = spec("wall time of the iteration (one global batch)", unit="s", gt=0, le=86_400,
+                              example=1.05)
+    plan: Plan = spec("plan in force")
+    gpus_per_node: tuple[int, ...] = spec("GPUs used on each node of the placement")
+    node: str = spec("node that reported (rank 0's node)", default="", example="node-0")
+    cpus_per_gpu: int | None = spec("CPU threads per GPU", ge=1, default=None, example=4)
+    fwd_s: float | None = spec("forward time", unit="s", ge=0, default=None, example=0.3)
+    bwd_s: float | None = spec("backward + gradient sync time", unit="s", ge=0, default=None, example=0.6)
+    opt_s: float | None = spec("optimizer step (with offload traffic)", unit="s", ge=0, default=None,
+                               example=0.15)
+
+    def check(self, path: str = "") -> None:
+        if not self.gpus_per_node or any(g < 1 for g in self.gpus_per_node):
+            raise Invalid("every node of the placement needs at least one GPU", _p(path, "gpus_per_node"),
+                          "a non-empty list of positive counts", str(list(self.gpus_per_node)))
+        if sum(self.gpus_per_node) != self.plan.gpus:
+            raise Invalid("plan dp*tp*pp must equal the GPUs of the placement", _p(path, "plan"),
+                          f"{sum(self.gpus_per_node)} GPUs", f"dp*tp*pp = {self.plan.gpus}")
+
+
+@dataclass(frozen=True)
+class ModelUpdated:
+    """New fitted performance-model parameters for a model type."""
+
+    model_type: str = ident("model type", "gpt2")
+    version: int = spec("increases by one with every refit of this type", ge=1, example=3)
+    params: dict[str, float] = spec("the seven fitted parameters (k_bwd, k_sync, k_opt, k_opt_off, k_off, "
+                                    "k_swap, k_const)")
+    n_points: int = spec("measured points the fit used", ge=0, example=12)
+    rmsle: float = spec("root mean squared log error of the fit on those points", ge=0, example=0.031)
+    reason: str = spec("why it was refitted", default="", example="rolling error 12% > 10%")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's decision for one job."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    allocation: tuple[NodeShare, ...] = spec("resources per node; empty = queued or preempted")
+    plan: Plan | None = spec("execution plan; nil when the job gets nothing", default=None)
+    predicted_throughput: float = spec("predicted samples per second under this plan", unit="samples/s",
+                                       ge=0, default=0.0, example=28.4)
+    reason: str = spec("machine-readable reason code", default="", max_len=64, example="slope")
+    detail: dict[str, str] = spec("reason details (which slope won, which job was shrunk, ...)",
+                                  default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlanDecided:
+    """One scheduling round's decisions for the jobs it changed."""
+
+    round: int = spec("scheduling round number", ge=0, example=17)
+    policy: str = spec("policy that decided", max_len=64, example="rubick")
+    decisions: tuple[Decision, ...] = spec("one entry per affected job")
+
+
+@dataclass(frozen=True)
+class ClockTick:
+    """Drives periodic work; recorded like every other event."""
+
+    seq: int = spec("tick number, from 0", ge=0, example=120)
+    period_s: float = spec("time between ticks", unit="s", gt=0, le=86_400, example=60.0)

@@ -1,0 +1,270 @@
+"""Typed payload fields: validation with precise reasons, and JSON Schema.
+
+Payloads are frozen dataclasses whose fields carry metadata made by `spec(...)`
+(documentation, unit, bounds, allowed values). From the type hints and that
+metadata this module validates a decoded msgpack map and builds the dataclass,
+and it writes the JSON Schema that `rubick schema` prints and docs/events.md
+documents. Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+
+@dataclass(frozen=True)
+class Invalid(Exception):
+    """Why a message was refused: which field, what was expected, what came."""
+
+    reason: str
+    field: str = ""
+    expected: str = ""
+    got: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        detail = ""
+        if self.expected or self.got:
+            detail = f" (expected {self.expected or '?'}, got {self.got or '?'})"
+        return f"{where}{self.reason}{detail}"
+
+
+def spec(
+    doc: str,
+    *,
+    unit: str = "",
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    choices: tuple[Any, ...] | None = None,
+    pattern: str | None = None,
+    max_len: int | None = None,
+    default: Any = MISSING,
+    default_factory: Any = MISSING,
+    example: Any = None,
+) -> Any:
+    """A dataclass field with documentation and constraints."""
+    meta = {"doc": doc, "unit": unit, "ge": ge, "gt": gt, "le": le, "choices": choices,
+            "pattern": pattern, "max_len": max_len, "example": example}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    if default is not MISSING:
+        return field(default=default, metadata=meta)
+    return field(metadata=meta)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        inner = " or ".join(_type_name(a) for a in args)
+        return f"{inner} or nil" if len(args) < len(get_args(tp)) else inner
+    if origin in (tuple, list):
+        return f"array of {_type_name(get_args(tp)[0])}"
+    if origin is dict:
+        return f"map of {_type_name(get_args(tp)[1])}"
+    if dataclasses.is_dataclass(tp):
+        return f"map ({tp.__name__})"
+    return {str: "string", int: "integer", float: "number", bool: "boolean", bytes: "binary"}.get(tp, str(tp))
+
+
+def _got(value: Any) -> str:
+    kind = {str: "string", int: "integer", float: "number", bool: "boolean", bytes: "binary",
+            list: "array", tuple: "array", dict: "map", type(None): "nil"}.get(type(value), type(value).__name__)
+    return f"{kind} {_short(value)}"
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None:
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise Invalid("value not allowed", path, "one of " + ", ".join(map(str, choices)), _short(value))
+    if isinstance(value, str):
+        max_len, pattern = meta.get("max_len"), meta.get("pattern")
+        if max_len is not None and len(value) > max_len:
+            raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
+        if pattern is not None and not re.fullmatch(pattern, value):
+            raise Invalid("string does not match the pattern", path, pattern, _short(value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid("number must be finite", path, "a finite number", _short(value))
+        ge, gt, le = meta.get("ge"), meta.get("gt"), meta.get("le")
+        if ge is not None and value < ge:
+            raise Invalid("out of range", path, f">= {ge}", _short(value))
+        if gt is not None and value <= gt:
+            raise Invalid("out of range", path, f"> {gt}", _short(value))
+        if le is not None and value > le:
+            raise Invalid("out of range", path, f"<= {le}", _short(value))
+
+
+def convert(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any] | None = None) -> Any:
+    """Check `value` (as msgpack decoded it) against type `tp`; return the typed value."""
+    meta = meta or {}
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise Invalid("must not be nil", path, _type_name(tp), "nil")
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union at {path}")
+        return convert(inner[0], value, path, meta)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise Invalid("wrong type", path, _type_name(tp), _got(value))
+        (item_tp,) = get_args(tp)[:1]
+        return tuple(convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        key_tp, val_tp = get_args(tp)
+        if not isinstance(value, dict):
+            raise Invalid("wrong type", path, _type_name(tp), _got(value))
+        out = {}
+        for k in sorted(value, key=str):
+            if not isinstance(k, key_tp):
+                raise Invalid("wrong key type", f"{path}.{_short(k, 20)}", _type_name(key_tp), _got(k))
+            out[k] = convert(val_tp, value[k], f"{path}.{k}")
+        return out
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, path)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise Invalid("wrong type", path, "number", _got(value))
+        value = float(value)
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                raise Invalid("wrong type", path, "integer", _got(value))
+            raise Invalid("wrong type", path, "integer", _got(value))
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise Invalid("wrong type", path, "boolean", _got(value))
+    elif tp is str:
+        if not isinstance(value, str):
+            raise Invalid("wrong type", path, "string", _got(value))
+    elif tp is bytes:
+        if not isinstance(value, (bytes, bytearray)):
+            raise Invalid("wrong type", path, "binary", _got(value))
+        value = bytes(value)
+    elif tp is Any:
+        return value
+    else:
+        raise TypeError(f"unsupported type {tp!r} at {path}")
+    _check_bounds(value, meta, path)
+    return value
+
+
+def build(cls: type, data: Any, path: str = "") -> Any:
+    """Validate a decoded map against dataclass `cls` and build it.
+
+    Unknown keys, missing required keys, wrong types and out-of-range values
+    raise `Invalid` naming the field.
+    """
+    if not isinstance(data, dict):
+        raise Invalid("wrong type", path or "data", f"map ({cls.__name__})", _got(data))
+    th = hints(cls)
+    names = {f.name for f in fields(cls)}
+    for key in data:
+        if not isinstance(key, str):
+            raise Invalid("field names must be strings", path or "data", "string", _got(key))
+        if key not in names:
+            raise Invalid("unknown field", _join(path, key), "one of " + ", ".join(sorted(names)), _short(data[key]))
+    kwargs = {}
+    for f in fields(cls):
+        p = _join(path, f.name)
+        if f.name not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise Invalid("missing required field", p, _type_name(th[f.name]), "nothing")
+            continue
+        kwargs[f.name] = convert(th[f.name], data[f.name], p, f.metadata)
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(path)
+    return obj
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def to_plain(obj: Any) -> Any:
+    """A dataclass tree as plain maps/lists, keys in field order (stable bytes)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(obj[k]) for k in sorted(obj, key=str)}
+    return obj
+
+
+# --- JSON Schema -----------------------------------------------------------------
+
+def json_schema(tp: Any, meta: typing.Mapping[str, Any] | None = None, defs: dict | None = None) -> dict:
+    meta = meta or {}
+    origin = get_origin(tp)
+    out: dict[str, Any]
+    if origin in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        out = {"anyOf": [json_schema(inner[0], meta, defs), {"type": "null"}]}
+    elif origin in (tuple, list):
+        out = {"type": "array", "items": json_schema(get_args(tp)[0], None, defs)}
+    elif origin is dict:
+        out = {"type": "object", "additionalProperties": json_schema(get_args(tp)[1], None, defs)}
+    elif dataclasses.is_dataclass(tp):
+        out = object_schema(tp, defs)
+    else:
+        out = {"type": {str: "string", int: "integer", float: "number", bool: "boolean"}.get(tp, "string")}
+        if tp is bytes:
+            out = {"type": "string", "contentEncoding": "binary (msgpack bin)"}
+        for key, js in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
+            if meta.get(key) is not None:
+                out[js] = meta[key]
+        if meta.get("choices") is not None:
+            out["enum"] = list(meta["choices"])
+        if meta.get("pattern") is not None:
+            out["pattern"] = meta["pattern"]
+        if meta.get("max_len") is not None:
+            out["maxLength"] = meta["max_len"]
+    if meta.get("doc"):
+        out["description"] = meta["doc"] + (f" [{meta['unit']}]" if meta.get("unit") else "")
+    return out
+
+
+def object_schema(cls: type, defs: dict | None = None) -> dict:
+    th = hints(cls)
+    props = {}
+    required = []
+    for f in fields(cls):
+        props[f.name] = json_schema(th[f.name], f.metadata, defs)
+        if f.default is MISSING and f.default_factory is MISSING:
+            required.append(f.name)
+        elif f.default is not MISSING:
+            props[f.name]["default"] = to_plain(f.default)
+    out = {"type": "object", "title": cls.__name__, "properties": props, "additionalProperties": False}
+    if cls.__doc__:
+        out["description"] = " ".join(cls.__doc__.split())
+    if required:
+        out["required"] = required
+    return out
