@@ -1,0 +1,35 @@
+"""Admission: the core that answers refused submissions with `job.rejected`.
+
+It folds the cluster state and applies `ClusterState.check_submission` (job id
+reused, unknown model type, more resources than the cluster has, TP wider than
+any node); schema-level problems never reach it, the shell answers those.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .events import Event, Rejected, make
+from .state import ClusterState
+
+
+class AdmissionCore:
+    name = "admission"
+    subjects = (">",)
+
+    def __init__(self, known_models: Iterable[str] = ()) -> None:
+        self.state = ClusterState(known_models=set(known_models))
+
+    def handle(self, event: Event) -> list[Event]:
+        out: list[Event] = []
+        if event.base == "job.submitted":
+            sub = event.payload
+            verdict = self.state.check_submission(sub)
+            if verdict is not None:
+                reason, field, expected, got = verdict
+                out.append(make("job.rejected", Rejected(
+                    subject="job.submitted", reason=reason, field=field, expected=expected, got=got,
+                    event_id=event.id, job_id=sub.job_id), time=event.time, id=f"rej-{event.id}",
+                    source=self.name))
+        self.state.apply(event)
+        return out

@@ -1,0 +1,199 @@
+"""The NATS JetStream bus: one stream over every control-plane subject.
+
+All I/O with NATS is in this module. Publishes always carry a `Nats-Msg-Id`
+(made up when the caller gives none), so a publish retried after a timeout is
+stored once: JetStream drops the duplicate within its de-duplication window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import AsyncIterator, Sequence
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from ..events.catalog import STREAM_NAME, STREAM_SUBJECTS
+from .base import Bus, Consumer, Delivery, PubAck
+
+log = logging.getLogger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+
+
+def _ack_meta(reply: str) -> tuple[int, int, float, int]:
+    """(stream seq, deliveries, stored time in s, pending) from a JetStream ack subject."""
+    t = reply.split(".")
+    base = 2 if len(t) == 9 else 4  # $JS.ACK.<stream>... or $JS.ACK.<domain>.<account>.<stream>...
+    return int(t[base + 3]), int(t[base + 2]), int(t[base + 5]) / 1e9, int(t[base + 6])
+
+
+def _delivery(msg) -> Delivery:
+    seq, deliveries, stored, _ = _ack_meta(msg.reply)
+    headers = msg.headers
+    return Delivery(msg.subject, msg.data, seq, headers.get(MSG_ID) if headers else None, stored,
+                    deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None))
+
+
+class JetStreamBus(Bus):
+    def __init__(self, nc, js, stream: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.stream = stream
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str = "rubick", stream: str = STREAM_NAME,
+                      subjects: Sequence[str] = STREAM_SUBJECTS, create_stream: bool = True,
+                      dedupe_window: float = 120.0, storage: str = "file", replicas: int = 1,
+                      connect_timeout: float = 5.0) -> "JetStreamBus":
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats: %s", exc)
+
+        nc = await nats.connect(url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.25, allow_reconnect=True, error_cb=on_error)
+        js = nc.jetstream(timeout=5.0)
+        bus = cls(nc, js, stream)
+        if create_stream:
+            await bus.ensure_stream(subjects, dedupe_window, storage, replicas)
+        return bus
+
+    async def ensure_stream(self, subjects: Sequence[str], dedupe_window: float, storage: str,
+                            replicas: int) -> None:
+        config = api.StreamConfig(
+            name=self.stream, subjects=list(subjects), retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE if storage == "file" else api.StorageType.MEMORY,
+            duplicate_window=dedupe_window, num_replicas=replicas, discard=api.DiscardPolicy.OLD,
+        )
+        try:
+            await self.js.stream_info(self.stream)
+            await self.js.update_stream(config)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_stream(config)
+
+    async def stream_created(self) -> str:
+        """Creation time of the stream: tells one stream's sequence numbers from another's."""
+        info = await self.js.stream_info(self.stream)
+        return str(info.created or "")
+
+    async def publish(self, subject: str, data: bytes, msg_id: str | None = None, *, timeout: float = 2.0,
+                      retries: int = 20) -> PubAck:
+        msg_id = msg_id or uuid.uuid4().hex
+        delay = 0.05
+        for attempt in range(retries + 1):
+            try:
+                ack = await self.js.publish(subject, data, timeout=timeout, stream=self.stream,
+                                            headers={MSG_ID: msg_id})
+                return PubAck(seq=ack.seq, duplicate=bool(ack.duplicate))
+            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError,
+                    nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError,
+                    nats.js.errors.ServiceUnavailableError) as exc:
+                if attempt == retries:
+                    raise
+                log.info("publish %s retry %d after %s", subject, attempt + 1, type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    async def publish_many(self, items: Sequence[tuple[str, bytes, str | None]]) -> list[PubAck]:
+        """Asynchronous publishes, acknowledgements collected at the end; failures retried one by one."""
+        ids = [m or uuid.uuid4().hex for _, _, m in items]
+        futures = []
+        for (subject, data, _), msg_id in zip(items, ids):
+            futures.append(await self.js.publish_async(subject, data, stream=self.stream,
+                                                       headers={MSG_ID: msg_id}))
+        acks: list[PubAck] = []
+        for (subject, data, _), msg_id, fut in zip(items, ids, futures):
+            try:
+                ack = await asyncio.wait_for(fut, 5.0)
+                acks.append(PubAck(seq=ack.seq, duplicate=bool(ack.duplicate)))
+            except Exception:  # timed out or failed: retry with the same id, never doubled
+                acks.append(await self.publish(subject, data, msg_id))
+        return acks
+
+    async def consumer(self, durable: str, subjects: Sequence[str] = (">",), *, ack_wait: float = 30.0,
+                       ack_all: bool = False, max_ack_pending: int = 100_000) -> Consumer:
+        config = api.ConsumerConfig(
+            durable_name=durable, name=durable, deliver_policy=api.DeliverPolicy.ALL,
+            ack_policy=api.AckPolicy.ALL if ack_all else api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait, max_ack_pending=max_ack_pending, max_deliver=-1,
+            filter_subjects=None if list(subjects) == [">"] else list(subjects),
+        )
+        try:
+            await self.js.consumer_info(self.stream, durable)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_consumer(self.stream, config)
+        sub = await self.js.pull_subscribe_bind(durable=durable, stream=self.stream,
+                                                pending_msgs_limit=-1, pending_bytes_limit=-1)
+        return _JetStreamConsumer(sub)
+
+    async def read(self, subjects: Sequence[str] = (">",), start_seq: int = 1,
+                   end_seq: int | None = None) -> AsyncIterator[Delivery]:
+        if end_seq is None:
+            end_seq = await self.last_seq()
+        if end_seq < start_seq:
+            return
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
+            ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0, mem_storage=True,
+            filter_subjects=None if list(subjects) == [">"] else list(subjects),
+        )
+        sub = await self.js.pull_subscribe("", stream=self.stream, config=config)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(1000, timeout=1.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    return
+                for msg in msgs:
+                    d = _delivery(msg)
+                    if d.seq > end_seq:
+                        return
+                    yield d
+                    if d.seq == end_seq or _ack_meta(msg.reply)[3] == 0:
+                        return
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may be gone; the consumer expires by itself
+                pass
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except Exception:
+                await self.nc.close()
+
+
+class _JetStreamConsumer(Consumer):
+    def __init__(self, sub) -> None:
+        self.sub = sub
+
+    async def fetch(self, batch: int = 256, timeout: float = 1.0) -> list[Delivery]:
+        try:
+            msgs = await self.sub.fetch(batch, timeout=timeout)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        return [_delivery(m) for m in msgs]
+
+    async def lag(self) -> int:
+        info = await self.sub.consumer_info()
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+    async def ack_floor(self) -> int:
+        info = await self.sub.consumer_info()
+        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+
+    async def close(self) -> None:
+        try:
+            await self.sub.unsubscribe()
+        except Exception:
+            pass

@@ -1,0 +1,82 @@
+"""`rubick status`: the cluster state folded from the event log, or live from the stream."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from ..bus.nats import JetStreamBus
+from ..eventlog import events as log_events
+from ..events import Invalid, decode
+from ..models import builtin_model_types
+from ..runtime import resolve_nats_url
+from ..state import ClusterState, fold
+from .common import add_nats_args, fail
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="nodes, jobs, allocations and plans (from the log or live)")
+    p.add_argument("--log", type=Path, help="fold this event-log folder instead of the live stream")
+    add_nats_args(p)
+    p.set_defaults(func=run)
+
+
+async def live_state(url: str) -> ClusterState:
+    bus = await JetStreamBus.connect(url, name="rubick-status", create_stream=False)
+    try:
+        state = ClusterState(known_models=set(builtin_model_types()))
+        async for d in bus.read((">",)):
+            try:
+                state.apply(decode(d.data, d.subject))
+            except Invalid:
+                continue
+        return state
+    finally:
+        await bus.close()
+
+
+def render(state: ClusterState) -> str:
+    lines = []
+    gpus, cpus, mem = state.totals()
+    lines.append(f"nodes: {len(state.alive_nodes())} alive of {len(state.nodes)}; {gpus} GPUs, {cpus} CPUs, "
+                 f"{mem:g} GB")
+    for n in (state.nodes[k] for k in sorted(state.nodes)):
+        lines.append(f"  {n.node:<16} {'up' if n.alive else 'LOST':<5} {n.gpus:>3} x {n.gpu_type or 'GPU'} "
+                     f"{n.gpu_mem_gb:g} GB  {n.cpus} CPUs  {n.mem_gb:g} GB  jobs: {', '.join(n.jobs) or '-'}")
+    counts = {}
+    for job in state.jobs.values():
+        counts[job.status] = counts.get(job.status, 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
+    lines.append(f"jobs: {summary}; {len(state.rejected)} rejected")
+    for job in (state.jobs[k] for k in sorted(state.jobs)):
+        plan = job.plan.code() if job.plan else (f"decided {job.decided_plan.code()}" if job.decided_plan else "-")
+        where = " ".join(f"{s.node}:{s.gpus}" for s in job.allocation) or "-"
+        lines.append(f"  {job.job_id:<24} {job.status:<10} {job.model_type:<10} {job.tenant:<10} "
+                     f"{'G' if job.guaranteed else 'BE'}  iter {job.iterations_done}/{job.target_iterations}  "
+                     f"plan {plan}  on {where}")
+    for job_id in sorted(state.rejected):
+        lines.append(f"  {job_id:<24} rejected   {state.rejected[job_id]}")
+    lines.append(f"last scheduling round: {state.last_round if state.last_round >= 0 else '-'}; "
+                 f"events folded: {state.events}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.log:
+        try:
+            decoded = log_events(args.log)
+        except FileNotFoundError as exc:
+            return fail(str(exc))
+        for path, reason in decoded.problems:
+            print(f"warning: {path}: {reason}", file=sys.stderr)
+        state = fold(decoded.events, known_models=builtin_model_types())
+    else:
+        url = resolve_nats_url(args.nats_url, args.data_dir)
+        try:
+            state = asyncio.run(asyncio.wait_for(live_state(url), 60))
+        except Exception as exc:
+            return fail(f"cannot read the live stream at {url}: {exc}; use --log DIR for a recorded run", 1)
+    print(render(state))
+    return 0

@@ -1,0 +1,57 @@
+"""`rubick submit job.yaml`: validate a job file and publish `job.submitted`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+from ..client import Client, load_job
+from ..events import Invalid
+from ..runtime import resolve_nats_url
+from .common import add_nats_args, fail
+
+
+def register(sub) -> None:
+    p = sub.add_parser("submit", help="validate job files and publish job.submitted")
+    p.add_argument("jobs", nargs="+", help="job files (YAML; see examples/jobs)")
+    add_nats_args(p)
+    p.add_argument("--wait", type=float, default=2.0,
+                   help="seconds to wait for a job.rejected answer (0 = do not wait)")
+    p.add_argument("--json", action="store_true", help="print one JSON line per job")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    jobs = []
+    for path in args.jobs:
+        try:
+            jobs.append((path, load_job(path)))
+        except Invalid as exc:
+            return fail(f"{path}: invalid job: {exc}")
+    url = resolve_nats_url(args.nats_url, args.data_dir)
+    try:
+        return asyncio.run(_submit(url, jobs, args.wait, args.json))
+    except ConnectionError as exc:
+        return fail(str(exc), 1)
+
+
+async def _submit(url: str, jobs, wait: float, as_json: bool) -> int:
+    code = 0
+    async with await Client.connect(url) as client:
+        for path, job in jobs:
+            result = await client.submit(job, wait_s=wait, source="rubick-submit")
+            rej = result.rejected
+            if as_json:
+                print(json.dumps({"file": str(path), "job_id": job.job_id, "event_id": result.event.id,
+                                  "seq": result.seq, "rejected": rej.reason if rej else None,
+                                  "field": rej.field if rej else None}))
+            elif rej:
+                print(f"{path}: job {job.job_id} REJECTED: {rej.reason}"
+                      + (f" ({rej.field}: expected {rej.expected}, got {rej.got})" if rej.field else ""))
+            else:
+                note = " (duplicate publish, stored once)" if result.duplicate else ""
+                print(f"{path}: job {job.job_id} submitted as event {result.event.id}, stream seq {result.seq}{note}")
+            if rej:
+                code = 1
+    return code

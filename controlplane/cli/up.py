@@ -1,0 +1,60 @@
+"""`rubick up`: run the control plane until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from ..runtime import DEFAULT_DATA_DIR, DEFAULT_NATS_PORT, ControlPlane, UpConfig
+from .common import fail
+
+
+def register(sub) -> None:
+    p = sub.add_parser("up", help="run the control plane (embedded NATS + JetStream, recorder, admission, clock)")
+    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="local data folder (default .rubick)")
+    p.add_argument("--nats-url", help="use this NATS deployment instead of starting the embedded server")
+    p.add_argument("--port", type=int, default=DEFAULT_NATS_PORT,
+                   help="port of the embedded NATS server (default 4222; a free one if taken)")
+    p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (default 9464; -1 = off)")
+    p.add_argument("--tick-period", type=float, default=60.0, help="seconds between clock.tick (0 = none)")
+    p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
+    p.add_argument("--log-level", default="warning", help="python logging level")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port,
+                   metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds)
+    try:
+        return asyncio.run(_serve(cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _serve(cfg: UpConfig) -> int:
+    plane = ControlPlane(cfg)
+    try:
+        await plane.start()
+    except Exception as exc:
+        await plane.stop()
+        return fail(f"could not start: {exc}", 1)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, plane.stop_event.set)
+    print(plane.summary(), flush=True)
+    print("Ctrl-C stops it; everything stored is written to the event log first.", flush=True)
+    code = 0
+    try:
+        await plane.wait()
+    except Exception as exc:
+        print(f"rubick: a service stopped: {exc!r}", flush=True)
+        code = 1
+    await plane.stop()
+    rec = plane.recorder
+    print(f"stopped: {rec.rows_written} events recorded in {rec.files_written} files under {cfg.event_log}",
+          flush=True)
+    return code

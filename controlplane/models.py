@@ -1,0 +1,29 @@
+"""The model types the cluster knows out of the box: the specs under examples/models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+DEFAULT_MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("RUBICK_MODELS_DIR", DEFAULT_MODELS_DIR))
+
+
+def builtin_model_types(directory: Path | None = None) -> list[str]:
+    """Names of the model specs in `directory` (`name:` of each YAML file, else its stem)."""
+    directory = directory or models_dir()
+    names = set()
+    if directory.is_dir():
+        for path in sorted(directory.glob("*.y*ml")):
+            try:
+                doc = yaml.safe_load(path.read_text())
+            except yaml.YAMLError:
+                continue
+            name = doc.get("name") if isinstance(doc, dict) else None
+            names.add(name if isinstance(name, str) else path.stem)
+    return sorted(names)

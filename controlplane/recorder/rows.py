@@ -1,0 +1,118 @@
+"""The recorder's pure core: one stored message -> one event-log row.
+
+It keeps the wire bytes exactly and pulls out the typed query columns without
+validating the payload (validation and `*.rejected` answers belong to the
+admission service); a message that is not even a msgpack envelope still gets a
+row, with `error` saying why, so nothing is ever lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import polars as pl
+
+SCHEMA: dict[str, pl.DataType] = {
+    "seq": pl.UInt64(),
+    "stored": pl.Datetime("us", "UTC"),
+    "subject": pl.Utf8(),
+    "event_id": pl.Utf8(),
+    "v": pl.Int32(),
+    "time": pl.Datetime("us", "UTC"),
+    "source": pl.Utf8(),
+    "job_id": pl.Utf8(),
+    "jobs": pl.List(pl.Utf8()),
+    "node": pl.Utf8(),
+    "model_type": pl.Utf8(),
+    "iter_time_s": pl.Float64(),
+    "plan": pl.Utf8(),
+    "msg_id": pl.Utf8(),
+    "error": pl.Utf8(),
+    "data": pl.Binary(),
+}
+"""The event-log schema (docs/eventlog.md). `time` is the event time, `stored` when the stream stored it."""
+
+COLUMNS = tuple(SCHEMA)
+
+_PLAN_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "offload": False, "ga_steps": 1, "gc": False,
+                  "micro_batches": 1}
+
+
+def plan_code(plan: Any) -> str | None:
+    """The `Plan.code()` text of a plan given as a decoded map (None if it is not one)."""
+    if not isinstance(plan, dict):
+        return None
+    try:
+        p = {**_PLAN_DEFAULTS, **plan}
+        mb = int(p["micro_batches"])
+        return (f"dp{int(p['dp'])}-tp{int(p['tp'])}-pp{int(p['pp'])}-z{int(p['zero_stage'])}"
+                f"{'-off' if p['offload'] else ''}-ga{int(p['ga_steps'])}{'-gc' if p['gc'] else ''}"
+                f"{f'-mb{mb}' if mb != 1 else ''}")
+    except (TypeError, ValueError):
+        return None
+
+
+def _s(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _us(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        us = int(value * 1_000_000)
+    except (OverflowError, ValueError):
+        return None
+    return us if 0 <= us < 253_402_300_800_000_000 else None  # before year 10000
+
+
+def row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float) -> tuple:
+    """A row in COLUMNS order. Times are microseconds since the epoch."""
+    event_id = v = time = source = job_id = node = model_type = iter_time = plan = error = None
+    jobs: list[str] | None = None
+    try:
+        env = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:
+        env = None
+        error = f"malformed msgpack ({type(exc).__name__})"
+    if env is not None and not isinstance(env, dict):
+        error = "not a msgpack map"
+    elif isinstance(env, dict):
+        event_id, source = _s(env.get("id")), _s(env.get("source"))
+        v = env.get("v") if isinstance(env.get("v"), int) and -2**31 <= env.get("v") < 2**31 else None
+        time = _us(env.get("time"))
+        payload = env.get("data")
+        if not isinstance(payload, dict):
+            error = "envelope without a data map"
+        else:
+            job_id = _s(payload.get("job_id"))
+            node = _s(payload.get("node"))
+            model_type = _s(payload.get("model_type"))
+            model = payload.get("model")
+            if model_type is None and isinstance(model, dict):
+                model_type = _s(model.get("type"))
+            it = payload.get("iter_time_s")
+            iter_time = float(it) if isinstance(it, (int, float)) and not isinstance(it, bool) else None
+            plan = plan_code(payload.get("plan"))
+            decisions = payload.get("decisions")
+            if isinstance(decisions, list):
+                jobs = [d["job_id"] for d in decisions if isinstance(d, dict) and isinstance(d.get("job_id"), str)]
+            elif isinstance(payload.get("jobs"), list):
+                jobs = [j for j in payload["jobs"] if isinstance(j, str)]
+            elif job_id is not None:
+                jobs = [job_id]
+    return (seq, _us(stored), subject, event_id, v, time, source, job_id, jobs, node, model_type, iter_time,
+            plan, msg_id, error, bytes(data))
+
+
+def frame(rows: list[tuple]) -> pl.DataFrame:
+    columns = list(zip(*rows)) if rows else [[] for _ in COLUMNS]
+    data = {}
+    for name, values in zip(COLUMNS, columns):
+        dtype = SCHEMA[name]
+        if isinstance(dtype, pl.Datetime):
+            data[name] = pl.Series(name, values, dtype=pl.Int64).cast(dtype)
+        else:
+            data[name] = pl.Series(name, values, dtype=dtype)
+    return pl.DataFrame(data)

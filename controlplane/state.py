@@ -1,0 +1,250 @@
+"""The cluster-state fold: `state = fold(events)`.
+
+Every component that needs to know the nodes, jobs, allocations and plans folds
+the same events the same way, from the event log or live. Admission is part of
+the fold: a `job.submitted` that `check_submission` refuses never becomes a
+job, so every folder reaches the same verdict without waiting for the
+`job.rejected` answer. Pure code: time comes only from events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .events import Event, NodeShare, Plan
+from .events import payloads as p
+
+JOB_STATES = ("queued", "running", "completed", "failed", "preempted")
+
+
+@dataclass
+class NodeState:
+    node: str
+    gpus: int
+    gpu_mem_gb: float
+    cpus: int
+    mem_gb: float
+    gpu_type: str = ""
+    alive: bool = True
+    registered_at: float = 0.0
+    last_seen: float = 0.0
+    jobs: tuple[str, ...] = ()
+
+
+@dataclass
+class JobState:
+    job_id: str
+    tenant: str
+    guaranteed: bool
+    model_type: str
+    global_batch_size: int
+    requested_plan: Plan
+    requested: p.Resources
+    target_iterations: int
+    submitted_at: float
+    spec: p.ModelSpec | None = None
+    status: str = "queued"
+    plan: Plan | None = None
+    """Plan in force (from the agents)."""
+    allocation: tuple[NodeShare, ...] = ()
+    """Resources in force (from the agents)."""
+    decided_plan: Plan | None = None
+    """Latest plan the policy decided (may not be in force yet)."""
+    decided_allocation: tuple[NodeShare, ...] = ()
+    predicted_throughput: float = 0.0
+    iterations_done: int = 0
+    last_iter_time_s: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    reconfigurations: int = 0
+    restart_cost_s: float = 0.0
+    failure: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(s.gpus for s in self.allocation)
+
+
+@dataclass
+class ClusterState:
+    known_models: set[str] = field(default_factory=set)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    """job id -> why its submission was refused."""
+    model_versions: dict[str, int] = field(default_factory=dict)
+    last_round: int = -1
+    last_tick: int = -1
+    time: float = 0.0
+    events: int = 0
+
+    # --- capacity ---------------------------------------------------------------
+    def alive_nodes(self) -> list[NodeState]:
+        return [self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].alive]
+
+    def totals(self) -> tuple[int, int, float]:
+        nodes = self.alive_nodes()
+        return sum(n.gpus for n in nodes), sum(n.cpus for n in nodes), sum(n.mem_gb for n in nodes)
+
+    def jobs_in(self, *statuses: str) -> list[JobState]:
+        return [self.jobs[j] for j in sorted(self.jobs) if self.jobs[j].status in statuses]
+
+    # --- admission -------------------------------------------------------------
+    def check_submission(self, sub: p.JobSubmitted) -> tuple[str, str, str, str] | None:
+        """(reason, field, expected, got) when the submission must be refused, else None."""
+        if sub.job_id in self.jobs or sub.job_id in self.rejected:
+            return ("job id reused", "job_id", "an id never used before", sub.job_id)
+        if sub.model.type not in self.known_models and sub.model.spec is None:
+            known = ", ".join(sorted(self.known_models)) or "none"
+            return ("unknown model type (give its full spec to add a new type)", "model.type",
+                    f"one of {known}", sub.model.type)
+        nodes = self.alive_nodes()
+        if nodes:
+            gpus, cpus, mem = self.totals()
+            r = sub.resources
+            if r.gpus > gpus:
+                return ("more GPUs than the cluster has", "resources.gpus", f"<= {gpus}", str(r.gpus))
+            if r.cpus > cpus:
+                return ("more CPUs than the cluster has", "resources.cpus", f"<= {cpus}", str(r.cpus))
+            if r.mem_gb > mem:
+                return ("more host memory than the cluster has", "resources.mem_gb", f"<= {mem:g}",
+                        f"{r.mem_gb:g}")
+            widest = max(n.gpus for n in nodes)
+            if sub.plan.tp > widest:
+                return ("tensor parallelism must stay inside one node", "plan.tp", f"<= {widest}",
+                        str(sub.plan.tp))
+        return None
+
+    # --- the fold ------------------------------------------------------------------
+    def apply(self, event: Event) -> None:
+        self.events += 1
+        self.time = max(self.time, event.time)
+        handler = _HANDLERS.get(event.base)
+        if handler is not None:
+            handler(self, event.payload, event.time)
+
+
+def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
+    verdict = s.check_submission(x)
+    if verdict is not None:
+        if x.job_id not in s.jobs:
+            s.rejected.setdefault(x.job_id, verdict[0])
+        return
+    if x.model.spec is not None:
+        s.known_models.add(x.model.type)
+    s.jobs[x.job_id] = JobState(
+        job_id=x.job_id, tenant=x.tenant, guaranteed=x.guaranteed, model_type=x.model.type,
+        global_batch_size=x.global_batch_size, requested_plan=x.plan, requested=x.resources,
+        target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec)
+
+
+def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:
+    job = s.jobs.get(x.job_id)
+    if job is not None:
+        job.status, job.plan, job.allocation = "running", x.plan, x.allocation
+        if job.started_at is None:
+            job.started_at = t
+
+
+def _reconfigured(s: ClusterState, x: p.JobReconfigured, t: float) -> None:
+    job = s.jobs.get(x.job_id)
+    if job is not None:
+        job.status, job.plan, job.allocation = "running", x.plan, x.allocation
+        job.reconfigurations += 1
+        job.restart_cost_s += x.restart_cost_s
+
+
+def _finished(status: str):
+    def apply(s: ClusterState, x, t: float) -> None:
+        job = s.jobs.get(x.job_id)
+        if job is None:
+            return
+        job.status, job.allocation = status, ()
+        if status == "completed":
+            job.finished_at = t
+            job.iterations_done = max(job.iterations_done, x.iterations)
+        elif status == "failed":
+            job.finished_at = t
+            job.failure = x.reason
+        elif status == "preempted":
+            job.iterations_done = max(job.iterations_done, x.iterations_done)
+    return apply
+
+
+def _rejected(s: ClusterState, x: p.Rejected, t: float) -> None:
+    if x.subject == "job.submitted" and x.job_id and x.job_id not in s.jobs:
+        s.rejected.setdefault(x.job_id, x.reason)
+
+
+def _node_registered(s: ClusterState, x: p.NodeRegistered, t: float) -> None:
+    old = s.nodes.get(x.node)
+    s.nodes[x.node] = NodeState(x.node, x.gpus, x.gpu_mem_gb, x.cpus, x.mem_gb, x.gpu_type, True,
+                                old.registered_at if old else t, t, old.jobs if old else ())
+
+
+def _heartbeat(s: ClusterState, x: p.NodeHeartbeat, t: float) -> None:
+    node = s.nodes.get(x.node)
+    if node is not None:
+        node.alive, node.last_seen, node.jobs = True, t, x.jobs
+
+
+def _node_lost(s: ClusterState, x: p.NodeLost, t: float) -> None:
+    node = s.nodes.get(x.node)
+    if node is None:
+        return
+    node.alive, node.jobs = False, ()
+    for job in s.jobs.values():
+        if job.status == "running" and any(sh.node == x.node for sh in job.allocation):
+            job.status, job.allocation = "preempted", ()
+
+
+def _metrics(s: ClusterState, x: p.MetricsIteration, t: float) -> None:
+    job = s.jobs.get(x.job_id)
+    if job is not None:
+        job.iterations_done = max(job.iterations_done, x.iteration + 1)
+        job.last_iter_time_s = x.iter_time_s
+
+
+def _model_updated(s: ClusterState, x: p.ModelUpdated, t: float) -> None:
+    s.known_models.add(x.model_type)
+    s.model_versions[x.model_type] = max(x.version, s.model_versions.get(x.model_type, 0))
+
+
+def _plan_decided(s: ClusterState, x: p.PlanDecided, t: float) -> None:
+    s.last_round = max(s.last_round, x.round)
+    for d in x.decisions:
+        job = s.jobs.get(d.job_id)
+        if job is not None:
+            job.decided_plan, job.decided_allocation = d.plan, d.allocation
+            job.predicted_throughput = d.predicted_throughput
+
+
+def _tick(s: ClusterState, x: p.ClockTick, t: float) -> None:
+    s.last_tick = max(s.last_tick, x.seq)
+
+
+_HANDLERS = {
+    "job.submitted": _submitted,
+    "job.started": _started,
+    "job.reconfigured": _reconfigured,
+    "job.completed": _finished("completed"),
+    "job.failed": _finished("failed"),
+    "job.preempted": _finished("preempted"),
+    "job.rejected": _rejected,
+    "node.registered": _node_registered,
+    "node.heartbeat": _heartbeat,
+    "node.lost": _node_lost,
+    "metrics.iteration": _metrics,
+    "model.updated": _model_updated,
+    "plan.decided": _plan_decided,
+    "clock.tick": _tick,
+}
+
+
+def fold(events: Iterable[Event], state: ClusterState | None = None,
+         known_models: Iterable[str] = ()) -> ClusterState:
+    state = state if state is not None else ClusterState(known_models=set(known_models))
+    for event in events:
+        state.apply(event)
+    return state
