@@ -1,0 +1,150 @@
+"""Fitting the seven parameters of one model type by minimising RMSLE (scipy, bounded, multi-start).
+
+The residual of a measured point is log(predicted / measured) of its iteration time, so the fit
+minimises the root mean squared log error. Where a point also has a breakdown (forward,
+backward+sync, optimizer; 0 or NaN = not recorded) those parts are compared too, with a smaller
+weight: they pin down k_bwd and the optimizer terms that total times alone leave loose.
+A soft-L1 loss keeps one bad measurement from dragging the fit, and the fit runs from several
+starting points and keeps the best, so a bad start does not decide the answer.
+
+Requirements (the paper's): at least `MIN_POINTS` measured points, where a breakdown part counts
+as a measurement of its own; and, when ZeRO-Offload is to be predicted, at least
+`MIN_OFFLOAD_POINTS` of them under ZeRO-Offload (counted the same way). With no offload point at all the three
+offload parameters are left at their defaults and marked unfitted. Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .configs import ConfigBatch
+from .env import Environment
+from .perf_model import OFFLOAD_PARAMS, PARAM_NAMES, PerfParams, parts
+from .spec import ModelType
+
+MIN_POINTS = 7
+MIN_OFFLOAD_POINTS = 3
+BREAKDOWN_WEIGHT = 0.3
+"""Weight of a breakdown part's log error relative to the iteration time's."""
+
+BOUNDS: dict[str, tuple[float, float]] = {
+    "k_bwd": (0.3, 8.0),
+    "k_sync": (1.0, 50.0),
+    "k_opt": (1e-4, 1e3),       # ns per parameter
+    "k_opt_off": (1e-2, 1e4),   # ns per parameter per CPU thread
+    "k_off": (1.0, 50.0),
+    "k_swap": (1.0, 50.0),
+    "k_const": (1e-5, 100.0),   # s
+}
+STARTS: tuple[dict[str, float], ...] = (
+    {},
+    {"k_bwd": 1.0, "k_sync": 1.2, "k_opt": 0.02, "k_opt_off": 5.0, "k_off": 1.2, "k_swap": 1.2, "k_const": 0.001},
+    {"k_bwd": 3.0, "k_sync": 8.0, "k_opt": 1.0, "k_opt_off": 100.0, "k_off": 8.0, "k_swap": 8.0, "k_const": 0.05},
+    {"k_bwd": 1.5, "k_sync": 20.0, "k_opt": 0.3, "k_opt_off": 30.0, "k_off": 20.0, "k_swap": 1.5, "k_const": 0.003},
+)
+
+
+class FitError(ValueError):
+    """The points cannot determine the parameters; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Measured points: iteration time (s) and optional breakdown parts (s; NaN = not recorded)."""
+
+    batch: ConfigBatch
+    iter_time_s: np.ndarray
+    fwd_s: np.ndarray | None = None
+    bwd_sync_s: np.ndarray | None = None
+    opt_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.batch)
+        for name in ("iter_time_s", "fwd_s", "bwd_sync_s", "opt_s"):
+            arr = getattr(self, name)
+            if arr is not None and np.shape(arr) != (n,):
+                raise ValueError(f"{name} has {np.shape(arr)} entries for {n} configurations")
+        bad = ~(np.isfinite(self.iter_time_s) & (self.iter_time_s > 0))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise FitError(f"point {i}: iteration time must be a finite time > 0 s, got {self.iter_time_s[i]!r}")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    params: PerfParams
+    fitted: tuple[str, ...]
+    n_points: int
+    n_offload_points: int
+    rmsle: float
+    """RMS of log(predicted / measured) iteration time over the points."""
+
+    @property
+    def offload_fitted(self) -> bool:
+        return all(p in self.fitted for p in OFFLOAD_PARAMS)
+
+
+def _part(values: np.ndarray | None, n: int) -> np.ndarray:
+    if values is None:
+        return np.full(n, np.nan)
+    v = np.asarray(values, dtype=np.float64)
+    return np.where(np.isfinite(v) & (v > 0), v, np.nan)
+
+
+def check_points(model: ModelType, pts: Measurements, *, need_offload: bool = False) -> tuple[int, int]:
+    """(measurements, offload points), or FitError naming what is missing."""
+    n = len(pts.batch)
+    seen = sum(np.isfinite(_part(x, n)).astype(int) for x in (pts.fwd_s, pts.bwd_sync_s, pts.opt_s)) + 1
+    measurements = int(seen.sum())
+    n_off = int(seen[pts.batch.offload].sum())
+    if measurements < MIN_POINTS:
+        raise FitError(f"model {model.name}: {n} measured point(s) ({measurements} measurements with the "
+                       f"breakdown parts); at least {MIN_POINTS} are needed to fit the seven parameters")
+    if (need_offload or n_off) and n_off < MIN_OFFLOAD_POINTS:
+        raise FitError(f"model {model.name}: {int(pts.batch.offload.sum())} ZeRO-Offload point(s) "
+                       f"({n_off} measurements with the breakdown parts); at least {MIN_OFFLOAD_POINTS} are "
+                       "needed to fit k_opt_off, k_off and k_swap")
+    if n < 2:
+        raise FitError(f"model {model.name}: {n} measured iteration time(s); at least 2 are needed")
+    return measurements, n_off
+
+
+def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: bool = False,
+        initial: PerfParams | None = None) -> FitResult:
+    """Fit the parameters of `model` on the measured points."""
+    _, n_off = check_points(model, pts, need_offload=need_offload)
+    names = [k for k in PARAM_NAMES if n_off or k not in OFFLOAD_PARAMS]
+    base = initial or PerfParams()
+    n = len(pts.batch)
+    meas = np.log(pts.iter_time_s)
+    fwd, bws, opt = (_part(x, n) for x in (pts.fwd_s, pts.bwd_sync_s, pts.opt_s))
+    masks = [np.isfinite(x) for x in (fwd, bws, opt)]
+    logs = [np.log(np.where(mk, x, 1.0)) for x, mk in zip((fwd, bws, opt), masks)]
+    lo = np.log([BOUNDS[k][0] for k in names])
+    hi = np.log([BOUNDS[k][1] for k in names])
+
+    def params_of(z: np.ndarray) -> PerfParams:
+        return replace(base, **{k: float(np.exp(v)) for k, v in zip(names, z)})
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        pr = parts(model, env, params_of(z), pts.batch)
+        out = [np.log(pr.t_iter) - meas]
+        # the parts as recorded: forward; everything else of T_cc; T_oo
+        for pred, lg, mk in zip((pr.t_fwd, pr.t_cc - pr.t_fwd, pr.t_oo), logs, masks):
+            out.append(BREAKDOWN_WEIGHT * np.where(mk, np.log(np.maximum(pred, 1e-12)) - lg, 0.0))
+        return np.concatenate(out)
+
+    best = None
+    for start in ((base.as_dict() if initial else {}),) + STARTS:
+        x0 = np.clip(np.log([start.get(k, getattr(PerfParams(), k)) for k in names]), lo + 1e-9, hi - 1e-9)
+        res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, method="trf",
+                            xtol=1e-10, ftol=1e-10, max_nfev=400)
+        if best is None or res.cost < best.cost:
+            best = res
+    params = params_of(best.x)
+    err = np.log(parts(model, env, params, pts.batch).t_iter) - meas
+    return FitResult(params=params, fitted=tuple(names), n_points=n, n_offload_points=n_off,
+                     rmsle=float(np.sqrt(np.mean(err ** 2))))

@@ -1,0 +1,140 @@
+"""GPU and host memory of an execution plan, and whether it fits.
+
+Per GPU the estimate adds:
+
+- model states, as DeepSpeed's own estimators count them
+  (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) for the
+  parameters of one TP x PP shard: 16-bit parameters (2 bytes) plus 18 bytes of gradients,
+  32-bit master weights and Adam moments, the 18 divided over the DP ranks under ZeRO and moved
+  to the host under ZeRO-Offload; stage 0 keeps all of it on every GPU; stage 3 also shards the
+  16-bit parameters and keeps the largest layer whole;
+- activations of the micro-batches in flight (Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes
+  per layer, divided by TP; under GC only each layer's 2 s b h input plus one layer in full), for
+  the layers of one pipeline stage and up to min(m, p) micro-batches (1F1B), plus the output
+  logits;
+- a fixed overhead (CUDA context, NCCL, allocator) and DeepSpeed's two 16-bit communication
+  buckets under ZeRO.
+
+A plan fits when that total is at most `USABLE_FRACTION` of the GPU's memory (the allocator
+fragments the rest) and, under ZeRO-Offload, DeepSpeed's host estimate fits in the host memory.
+
+The vectorised functions repeat DeepSpeed's formulas so that thousands of plans cost one numpy
+pass; `deepspeed_model_states` calls DeepSpeed itself (imported lazily, since it is slow to
+import) and the tests check the two agree. Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .configs import ConfigBatch
+from .env import Environment
+from .spec import ModelType
+
+GB = 1e9
+OVERHEAD_BYTES = 3.0 * GB
+"""CUDA context, NCCL buffers and allocator reserve on every GPU."""
+ZERO_BUCKET_BYTES = 2 * 5e8 * 2
+"""DeepSpeed's reduce and all-gather buckets (5e8 elements each, 16-bit) under ZeRO."""
+USABLE_FRACTION = 0.9
+"""Share of a GPU's memory the allocator can hand out before fragmentation stops it."""
+HOST_BUFFER_FACTOR = 1.5
+"""DeepSpeed's `additional_buffer_factor` for host memory."""
+
+
+def largest_layer_params(model: ModelType) -> float:
+    """Parameters of the largest single layer: a transformer block or the embedding."""
+    h = model.spec.hidden_size
+    return float(max(12 * h * h, model.vocab_size * h))
+
+
+def model_states_bytes(model: ModelType, batch: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(GPU bytes per GPU, host bytes for the job) of parameters, gradients and optimizer states."""
+    shard = float(model.spec.num_params) / (batch.tp * batch.pp)
+    d = batch.dp.astype(np.float64)
+    z = batch.zero_stage
+    off = batch.offload
+    largest = 4.0 * largest_layer_params(model) / batch.tp
+    per_node = np.minimum(batch.gpus, np.ceil(batch.gpus / batch.nodes))
+    # stage 0 (and plain Megatron 3D): everything on every GPU, i.e. the stage-2 formula with one rank
+    gpu0 = 2 * shard + 18 * shard
+    # stages 1-2 (DeepSpeed's stage-2 estimator; stage 1 shards the gradients too in this count)
+    gpu2 = np.where(off, 2 * shard, 2 * shard + np.floor(18 * shard / d))
+    cpu2 = np.where(off, shard * np.maximum(4 * d, 16) * HOST_BUFFER_FACTOR,
+                    shard * 4 * per_node * HOST_BUFFER_FACTOR)
+    # stage 3 (DeepSpeed's stage-3 estimator, optimizer offload without parameter offload, zero_init)
+    gpu3 = np.where(off, largest + np.floor(2 * shard / d), largest + np.floor(18 * shard / d))
+    cpu3 = np.where(off, shard * 16 / batch.nodes * HOST_BUFFER_FACTOR,
+                    largest_layer_params(model) * 4 * per_node * HOST_BUFFER_FACTOR)
+    gpu = np.where(z == 0, gpu0, np.where(z == 3, gpu3, gpu2))
+    cpu = np.where(z == 0, 0.0, np.where(z == 3, cpu3, cpu2))
+    return gpu, cpu
+
+
+def activation_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
+    """Activation memory per GPU of the micro-batches in flight on the first pipeline stage."""
+    s = model.spec
+    mb = batch.global_batch / (batch.dp * batch.ga_steps * batch.micro_batches)
+    sbh = s.seq_len * mb * s.hidden_size
+    full_layer = sbh * (34.0 + 5.0 * s.num_heads * s.seq_len / s.hidden_size) / batch.tp
+    layers = np.ceil(s.num_layers / batch.pp)
+    in_flight = np.minimum(batch.micro_batches, batch.pp)
+    per_micro = np.where(batch.gc, 2.0 * sbh * layers + full_layer, full_layer * layers)
+    logits = s.seq_len * mb * model.vocab_size * 6.0 / batch.tp
+    return per_micro * in_flight + logits
+
+
+def gpu_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
+    states, _ = model_states_bytes(model, batch)
+    buckets = np.where(batch.zero_stage > 0, ZERO_BUCKET_BYTES, 0.0)
+    return states + activation_bytes(model, batch) + buckets + OVERHEAD_BYTES
+
+
+def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
+    """Host memory the job needs for its model states (all nodes together)."""
+    return model_states_bytes(model, batch)[1]
+
+
+def feasible(model: ModelType, env: Environment, batch: ConfigBatch,
+             host_mem_gb: np.ndarray | float | None = None) -> np.ndarray:
+    """True where the plan fits in GPU memory and, under ZeRO-Offload, in host memory.
+
+    `host_mem_gb` is the host memory given to the job (all nodes together); by default all of the
+    nodes it uses.
+    """
+    fits_gpu = gpu_bytes(model, batch) <= USABLE_FRACTION * env.gpu_mem_gb * GB
+    host = batch.nodes * env.host_mem_gb if host_mem_gb is None else np.asarray(host_mem_gb, dtype=np.float64)
+    fits_host = host_bytes(model, batch) <= host * GB
+    whole_batch = batch.global_batch >= batch.dp * batch.ga_steps * batch.micro_batches
+    return fits_gpu & fits_host & whole_batch
+
+
+def deepspeed_model_states(total_params: float, largest_layer: float, gpus_per_node: int, nodes: int,
+                           zero_stage: int, offload: bool) -> tuple[int, int] | None:
+    """(host bytes, GPU bytes) from DeepSpeed's own estimator, or None where DeepSpeed is absent."""
+    try:
+        z2, z3 = _deepspeed_estimators()
+    except ImportError:
+        return None
+    if zero_stage == 3:
+        cpu, gpu, _ = z3(int(total_params), int(largest_layer), num_gpus_per_node=gpus_per_node, num_nodes=nodes,
+                         cpu_offload=offload, cpu_offload_params=False, zero_init=True,
+                         additional_buffer_factor=HOST_BUFFER_FACTOR)
+        return int(cpu), int(gpu)
+    cpu, gpu = z2(int(total_params), num_gpus_per_node=gpus_per_node, num_nodes=nodes, cpu_offload=offload,
+                  additional_buffer_factor=HOST_BUFFER_FACTOR)
+    return int(cpu), int(gpu)
+
+
+def _deepspeed_estimators() -> tuple[Callable, Callable]:
+    import logging
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs

@@ -1,0 +1,144 @@
+"""The iteration-time model of the paper's appendix A, vectorised over a batch of configurations.
+
+    T_iter = T_cc + T_oo + k_const
+
+- T_fwd: the profiled forward of one GPU at the spec's global batch, scaled linearly to the
+  per-GPU batch (DP) and tensor shard (TP); under PP with m micro-batches and p stages the fill
+  gives T_fwd = t_p * g_p / p * (m + p - 1), i.e. the full-model time per micro-batch and stage
+  times (m + p - 1). GA runs `a` forward/backward passes of 1/a of the batch each.
+- T_bwd = k_bwd * T_fwd, plus one extra forward under gradient checkpointing (GC).
+- Communication T = V / B with the bottleneck bandwidth of the placement: NVLink when the group
+  stays inside one node, the inter-node link when it crosses nodes.
+  V_dp = P * 2(d-1) / (d t p),  V_tp = 8 (t-1) b s h l / (d t),  V_pp = 2 p b s h / (d t)
+  (each 0 when its degree is 1), in elements of 2 bytes (16-bit gradients and activations).
+- T_cc = a T_fwd' + (a-1) T_bwd' + f_overlap^k_sync(T_bwd', T_dp) + T_tp + T_pp, where ' is one
+  GA step.
+- T_opt = k_opt * P / x with x = t p (3D) or d t p (ZeRO); under ZeRO-Offload the step runs on
+  the CPUs: T_opt = k_opt_off * P / (d t p c) with c CPU threads per GPU.
+- T_off = P / (d t p B_pcie) in 4 bytes per parameter (16-bit gradients down, 16-bit parameters up).
+- T_oo = f_overlap^k_off(T_dp, T_off) + f_overlap^k_swap(T_opt, T_off) under ZeRO-Offload, else T_opt.
+- f_overlap^k(x, y) = (x^k + y^k)^(1/k): x + y at k = 1, towards max(x, y) as k grows.
+
+Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap are pure numbers; k_opt is
+nanoseconds per parameter on one GPU; k_opt_off is nanoseconds per parameter on one CPU thread;
+k_const is seconds. Pure code: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from .configs import ConfigBatch
+from .env import Environment
+from .spec import ModelType
+
+PARAM_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const")
+OFFLOAD_PARAMS = ("k_opt_off", "k_off", "k_swap")
+GRAD_BYTES = 2.0
+"""Bytes per element of gradients and activations on the wire (16-bit mixed precision)."""
+OFFLOAD_BYTES = 4.0
+"""Bytes moved over PCIe per parameter under ZeRO-Offload (16-bit gradients down, parameters up)."""
+NS = 1e-9
+
+
+@dataclass(frozen=True)
+class PerfParams:
+    """The seven fittable parameters (units in the module docstring)."""
+
+    k_bwd: float = 2.0
+    k_sync: float = 2.0
+    k_opt: float = 0.1
+    k_opt_off: float = 20.0
+    k_off: float = 2.0
+    k_swap: float = 2.0
+    k_const: float = 0.01
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @staticmethod
+    def from_dict(data: dict[str, float]) -> "PerfParams":
+        names = {f.name for f in fields(PerfParams)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; expected {', '.join(PARAM_NAMES)}")
+        missing = sorted(names - set(data))
+        if missing:
+            raise ValueError(f"missing parameter(s) {', '.join(missing)}")
+        values = {}
+        for k in PARAM_NAMES:
+            v = data[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"parameter {k} must be a finite number >= 0, got {v!r}")
+            values[k] = float(v)
+        return PerfParams(**values)
+
+
+def f_overlap(x: np.ndarray, y: np.ndarray, k: float) -> np.ndarray:
+    """(x^k + y^k)^(1/k), computed without overflow for large k; 0 where both are 0."""
+    m = np.maximum(x, y)
+    safe = np.where(m > 0, m, 1.0)
+    return np.where(m > 0, safe * ((x / safe) ** k + (y / safe) ** k) ** (1.0 / k), 0.0)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The model's parts for each configuration, in seconds."""
+
+    t_fwd: np.ndarray     # forward of the whole iteration (all GA steps, PP fill)
+    t_bwd: np.ndarray     # backward of the whole iteration (with GC's extra forward)
+    t_comm_dp: np.ndarray
+    t_comm_tp: np.ndarray
+    t_comm_pp: np.ndarray
+    t_cc: np.ndarray
+    t_opt: np.ndarray
+    t_off: np.ndarray
+    t_oo: np.ndarray
+    t_iter: np.ndarray
+
+
+def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> Parts:
+    spec = model.spec
+    d = batch.dp.astype(np.float64)
+    t = batch.tp.astype(np.float64)
+    p = batch.pp.astype(np.float64)
+    a = batch.ga_steps.astype(np.float64)
+    m = batch.micro_batches.astype(np.float64)
+    b = batch.global_batch
+    P = float(spec.num_params)
+    shs = float(spec.seq_len * spec.hidden_size)
+
+    # forward: per-GPU batch and tensor shard, PP fill over m micro-batches and p stages
+    t_fwd = model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p)
+    t_fwd_step = t_fwd / a
+    t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc, t_fwd_step, 0.0)
+
+    # communication volumes (bytes) over the bottleneck bandwidth of the placement
+    v_dp = GRAD_BYTES * P * 2.0 * (d - 1.0) / (d * t * p)
+    v_tp = GRAD_BYTES * 8.0 * (t - 1.0) * b * shs * spec.num_layers / (d * t)
+    v_pp = np.where(p > 1, GRAD_BYTES * 2.0 * p * b * shs / (d * t), 0.0)
+    t_comm_dp = v_dp / np.where(batch.dp_inter, env.b_inter, env.b_intra)
+    t_comm_tp = v_tp / np.where(batch.tp_inter, env.b_inter, env.b_intra)
+    t_comm_pp = v_pp / np.where(batch.pp_inter, env.b_inter, env.b_intra)
+
+    t_cc = (a * t_fwd_step + (a - 1.0) * t_bwd_step + f_overlap(t_bwd_step, t_comm_dp, params.k_sync)
+            + t_comm_tp + t_comm_pp)
+
+    # optimizer and offload
+    shards = np.where(batch.zero_stage > 0, d * t * p, t * p)
+    cpus = np.where(np.isnan(batch.cpus), float(env.default_cpus_per_gpu), batch.cpus)
+    t_opt = np.where(batch.offload, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
+    t_off = np.where(batch.offload, OFFLOAD_BYTES * P / (d * t * p * env.b_pcie), 0.0)
+    t_oo = np.where(batch.offload,
+                    f_overlap(t_comm_dp, t_off, params.k_off) + f_overlap(t_opt, t_off, params.k_swap), t_opt)
+
+    total = t_cc + t_oo + params.k_const
+    return Parts(t_fwd=t_fwd, t_bwd=t_bwd_step * a, t_comm_dp=t_comm_dp, t_comm_tp=t_comm_tp,
+                 t_comm_pp=t_comm_pp, t_cc=t_cc, t_opt=t_opt, t_off=t_off, t_oo=t_oo, t_iter=total)
+
+
+def t_iter(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> np.ndarray:
+    """Predicted seconds per iteration for every configuration of the batch."""
+    return parts(model, env, params, batch).t_iter

@@ -1,0 +1,73 @@
+"""Model specs: the wire `ModelSpec` plus the few facts only the modeler needs.
+
+A spec file (`examples/models/<key>.yaml`) holds the `ModelSpec` fields (name, num_params,
+num_layers, hidden_size, num_heads, seq_len, global_batch_size, fwd_time_s) and optionally
+`vocab_size` (for the memory of the output layer) and `allow_tp_across_nodes` (default false:
+tensor-parallel groups must stay inside a node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controlplane.events import Invalid, ModelSpec, build
+
+EXTRA_KEYS = ("vocab_size", "allow_tp_across_nodes")
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be used."""
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """A model type as the modeler sees it."""
+
+    spec: ModelSpec
+    vocab_size: int = 32000
+    allow_tp_across_nodes: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def fwd_time_s(self) -> float:
+        if self.spec.fwd_time_s is None:
+            raise SpecError(f"model {self.name}: the spec has no profiled forward time (fwd_time_s)")
+        return self.spec.fwd_time_s
+
+
+def model_from_mapping(data: Any, where: str = "spec") -> ModelType:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping of spec fields")
+    core = {k: v for k, v in data.items() if k not in EXTRA_KEYS}
+    try:
+        spec = build(ModelSpec, core, "")
+    except Invalid as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    vocab = data.get("vocab_size", 32000)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise SpecError(f"{where}: vocab_size must be a whole number >= 1, got {vocab!r}")
+    allow = data.get("allow_tp_across_nodes", False)
+    if not isinstance(allow, bool):
+        raise SpecError(f"{where}: allow_tp_across_nodes must be true or false, got {allow!r}")
+    return ModelType(spec=spec, vocab_size=vocab, allow_tp_across_nodes=allow)
+
+
+def load_model(path: str | Path) -> ModelType:
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise SpecError(f"cannot read spec file {p}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML ({exc})") from None
+    return model_from_mapping(data, str(p))
+
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
