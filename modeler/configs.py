@@ -48,6 +48,8 @@ class Config:
     gpus_per_node: tuple[int, ...]
     cpus_per_gpu: int | None
     global_batch_size: int
+    ga_auto: bool = False
+    """True: GA steps not given; the modeler uses the fewest that fit in GPU memory (plan.ga_steps ignored)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,8 @@ def check_config(cfg: Config, *, allow_tp_across_nodes: bool = True, row: int | 
 class ConfigBatch:
     """Configurations as parallel arrays (one entry per configuration).
 
-    `cpus` is NaN where the CPU threads per GPU were not given (the environment's default applies).
+    `cpus` is NaN where the CPU threads per GPU were not given (the environment's default applies);
+    `ga_steps` is 0 where GA is left to the modeler (`modeler.memory.resolve_ga` fills it in).
     """
 
     dp: np.ndarray
@@ -140,7 +143,7 @@ class ConfigBatch:
         for i, cfg in enumerate(configs):
             lay = check_config(cfg, allow_tp_across_nodes=allow_tp_across_nodes, row=i)
             p = cfg.plan
-            rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), p.ga_steps,
+            rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if cfg.ga_auto else p.ga_steps,
                          p.micro_batches, cfg.global_batch_size,
                          math.nan if cfg.cpus_per_gpu is None else cfg.cpus_per_gpu,
                          sum(cfg.gpus_per_node), lay.nodes, lay.dp_inter, lay.tp_inter, lay.pp_inter))
@@ -204,6 +207,15 @@ def parse_placement(value: Any, row: int | None = None) -> tuple[int, ...]:
     return counts
 
 
+def check_columns(columns: Iterable[str]) -> None:
+    """Refuse a configuration table that lacks a required column."""
+    have = set(columns)
+    missing = [c for c in CONFIG_COLUMNS if c not in have and c not in OPTIONAL_COLUMNS]
+    if missing:
+        raise ConfigError(f"missing column(s) {', '.join(missing)}; a configuration table needs "
+                          f"{', '.join(c for c in CONFIG_COLUMNS if c not in OPTIONAL_COLUMNS)}")
+
+
 def config_from_row(rec: dict[str, Any], row: int) -> Config:
     """One configuration-table row (a dict of column -> value) as a `Config`."""
     missing = [c for c in CONFIG_COLUMNS if c not in rec and c not in OPTIONAL_COLUMNS]
@@ -220,7 +232,8 @@ def config_from_row(rec: dict[str, Any], row: int) -> Config:
     cpu = rec.get("cpu_threads")
     cpus = None if _blank(cpu) else _int(cpu, "cpu_threads", row)
     return Config(plan=plan, gpus_per_node=parse_placement(rec["gpus_per_node"], row), cpus_per_gpu=cpus,
-                  global_batch_size=_int(rec["global_batch_size"], "global_batch_size", row))
+                  global_batch_size=_int(rec["global_batch_size"], "global_batch_size", row),
+                  ga_auto=_blank(rec.get("ga_steps")))
 
 
 def batch_from_records(records: Iterable[dict[str, Any]], *, allow_tp_across_nodes: bool = True,

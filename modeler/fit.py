@@ -22,6 +22,7 @@ from scipy.optimize import least_squares
 
 from .configs import ConfigBatch
 from .env import Environment
+from .memory import resolve_ga
 from .perf_model import OFFLOAD_PARAMS, PARAM_NAMES, PerfParams, parts
 from .spec import ModelType
 
@@ -116,6 +117,7 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         initial: PerfParams | None = None) -> FitResult:
     """Fit the parameters of `model` on the measured points."""
     _, n_off = check_points(model, pts, need_offload=need_offload)
+    batch = resolve_ga(model, env, pts.batch)
     names = [k for k in PARAM_NAMES if n_off or k not in OFFLOAD_PARAMS]
     base = initial or PerfParams()
     n = len(pts.batch)
@@ -130,7 +132,7 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         return replace(base, **{k: float(np.exp(v)) for k, v in zip(names, z)})
 
     def residuals(z: np.ndarray) -> np.ndarray:
-        pr = parts(model, env, params_of(z), pts.batch)
+        pr = parts(model, env, params_of(z), batch)
         out = [np.log(pr.t_iter) - meas]
         # the parts as recorded: forward; everything else of T_cc; T_oo
         for pred, lg, mk in zip((pr.t_fwd, pr.t_cc - pr.t_fwd, pr.t_oo), logs, masks):
@@ -145,6 +147,6 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         if best is None or res.cost < best.cost:
             best = res
     params = params_of(best.x)
-    err = np.log(parts(model, env, params, pts.batch).t_iter) - meas
+    err = np.log(parts(model, env, params, batch).t_iter) - meas
     return FitResult(params=params, fitted=tuple(names), n_points=n, n_offload_points=n_off,
                      rmsle=float(np.sqrt(np.mean(err ** 2))))

@@ -2,12 +2,14 @@
 
 Per GPU the estimate adds:
 
-- model states, as DeepSpeed's own estimators count them
-  (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`) for the
-  parameters of one TP x PP shard: 16-bit parameters (2 bytes) plus 18 bytes of gradients,
-  32-bit master weights and Adam moments, the 18 divided over the DP ranks under ZeRO and moved
-  to the host under ZeRO-Offload; stage 0 keeps all of it on every GPU; stage 3 also shards the
-  16-bit parameters and keeps the largest layer whole;
+- model states for the parameters of one TP x PP shard. Without ZeRO (Megatron 3D, plain DP):
+  16 bytes per parameter on every GPU (16-bit parameters and gradients, 32-bit master weights
+  and two Adam moments). Under ZeRO, DeepSpeed's own estimators
+  (`estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`). For stage
+  1-2 without offload the estimate is that of DeepSpeed 0.9.2, the testbed's version: 4 bytes
+  per parameter (16-bit parameters and full 16-bit gradients) plus 16 / d; later releases print
+  2 + 18 / d, which is never larger, so the testbed's figure is the one that holds on it.
+  ZeRO-Offload keeps only the 16-bit parameters on the GPU (2 bytes) and the rest on the host;
 - activations of the micro-batches in flight (Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes
   per layer, divided by TP; under GC only each layer's 2 s b h input plus one layer in full), for
   the layers of one pipeline stage and up to min(m, p) micro-batches (1F1B), plus the output
@@ -58,10 +60,10 @@ def model_states_bytes(model: ModelType, batch: ConfigBatch) -> tuple[np.ndarray
     off = batch.offload
     largest = 4.0 * largest_layer_params(model) / batch.tp
     per_node = np.minimum(batch.gpus, np.ceil(batch.gpus / batch.nodes))
-    # stage 0 (and plain Megatron 3D): everything on every GPU, i.e. the stage-2 formula with one rank
-    gpu0 = 2 * shard + 18 * shard
-    # stages 1-2 (DeepSpeed's stage-2 estimator; stage 1 shards the gradients too in this count)
-    gpu2 = np.where(off, 2 * shard, 2 * shard + np.floor(18 * shard / d))
+    # stage 0 (Megatron 3D, plain DP): mixed-precision Adam, everything on every GPU
+    gpu0 = 16 * shard
+    # stages 1-2: DeepSpeed's stage-2 estimator (0.9.2 without offload, see the module docstring)
+    gpu2 = np.where(off, 2 * shard, 4 * shard + np.floor(16 * shard / d))
     cpu2 = np.where(off, shard * np.maximum(4 * d, 16) * HOST_BUFFER_FACTOR,
                     shard * 4 * per_node * HOST_BUFFER_FACTOR)
     # stage 3 (DeepSpeed's stage-3 estimator, optimizer offload without parameter offload, zero_init)
@@ -76,7 +78,7 @@ def model_states_bytes(model: ModelType, batch: ConfigBatch) -> tuple[np.ndarray
 def activation_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
     """Activation memory per GPU of the micro-batches in flight on the first pipeline stage."""
     s = model.spec
-    mb = batch.global_batch / (batch.dp * batch.ga_steps * batch.micro_batches)
+    mb = batch.global_batch / (batch.dp * np.maximum(batch.ga_steps, 1) * batch.micro_batches)
     sbh = s.seq_len * mb * s.hidden_size
     full_layer = sbh * (34.0 + 5.0 * s.num_heads * s.seq_len / s.hidden_size) / batch.tp
     layers = np.ceil(s.num_layers / batch.pp)
@@ -90,6 +92,27 @@ def gpu_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
     states, _ = model_states_bytes(model, batch)
     buckets = np.where(batch.zero_stage > 0, ZERO_BUCKET_BYTES, 0.0)
     return states + activation_bytes(model, batch) + buckets + OVERHEAD_BYTES
+
+
+def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> ConfigBatch:
+    """Fill in GA steps left to the modeler (0): the fewest that divide the per-rank batch and fit
+    in GPU memory; the most (one sample per pass) where none fits."""
+    auto = batch.ga_steps == 0
+    if not auto.any():
+        return batch
+    per_rank = np.maximum(1, batch.global_batch // (batch.dp * batch.micro_batches)).astype(np.int64)
+    ga = np.where(auto, 0, batch.ga_steps)
+    limit = USABLE_FRACTION * env.gpu_mem_gb * GB
+    for a in range(1, int(per_rank[auto].max()) + 1):
+        todo = (ga == 0) & (per_rank % a == 0)
+        if not todo.any():
+            continue
+        trial = batch.take(todo)
+        trial = ConfigBatch(**{**trial.__dict__, "ga_steps": np.full(len(trial), a, dtype=np.int64)})
+        fits = gpu_bytes(model, trial) <= limit
+        idx = np.flatnonzero(todo)
+        ga[idx[fits | (a == per_rank[idx])]] = a
+    return ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
 
 
 def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
@@ -107,7 +130,7 @@ def feasible(model: ModelType, env: Environment, batch: ConfigBatch,
     fits_gpu = gpu_bytes(model, batch) <= USABLE_FRACTION * env.gpu_mem_gb * GB
     host = batch.nodes * env.host_mem_gb if host_mem_gb is None else np.asarray(host_mem_gb, dtype=np.float64)
     fits_host = host_bytes(model, batch) <= host * GB
-    whole_batch = batch.global_batch >= batch.dp * batch.ga_steps * batch.micro_batches
+    whole_batch = batch.global_batch >= batch.dp * np.maximum(batch.ga_steps, 1) * batch.micro_batches
     return fits_gpu & fits_host & whole_batch
 
 

@@ -104,7 +104,7 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     d = batch.dp.astype(np.float64)
     t = batch.tp.astype(np.float64)
     p = batch.pp.astype(np.float64)
-    a = batch.ga_steps.astype(np.float64)
+    a = np.maximum(batch.ga_steps, 1).astype(np.float64)  # 0 (left to the modeler) is resolved by callers
     m = batch.micro_batches.astype(np.float64)
     b = batch.global_batch
     P = float(spec.num_params)

@@ -14,6 +14,7 @@ import polars as pl
 from .configs import ConfigBatch, batch_from_records, measured_times
 from .env import Environment
 from .fit import FitResult, Measurements, fit
+from .memory import resolve_ga
 from .perf_model import PerfParams, t_iter
 from .spec import ModelType, load_model
 
@@ -112,7 +113,7 @@ def predict_cells(model: ModelType, env: Environment, params: PerfParams,
     if not rows:
         return ()
     batch: ConfigBatch = batch_from_records(rows, allow_tp_across_nodes=model.allow_tp_across_nodes)
-    pred = t_iter(model, env, params, batch)
+    pred = t_iter(model, env, params, resolve_ga(model, env, batch))
     meas = measured_times(rows)
     err = np.abs(pred - meas) / meas * 100.0
     plans = np.asarray([plan_name(r) for r in rows])
