@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from controlplane.events import Plan
+from modeler.configs import Config, ConfigBatch
+from modeler.fit import FitError, Measurements, fit
+from modeler.perf_model import PerfParams, t_iter
+
+TRUE = PerfParams(k_bwd=1.9, k_sync=2.5, k_opt=0.08, k_opt_off=25.0, k_off=1.5, k_swap=3.0, k_const=0.02)
+
+
+def configs(offload_points: int = 3):
+    plain = [((1,), Plan()), ((2,), Plan(dp=2)), ((4,), Plan(dp=4)), ((8,), Plan(dp=8)),
+             ((4, 4), Plan(dp=8)), ((8,), Plan(dp=8, zero_stage=2)), ((4,), Plan(dp=4, gc=True))]
+    off = [((g,), Plan(dp=g, zero_stage=2, offload=True)) for g in (1, 2, 4, 8)][:offload_points]
+    return [Config(plan=p, gpus_per_node=g, cpus_per_gpu=4, global_batch_size=32) for g, p in plain + off]
+
+
+def measured(model, env, cfgs, params=TRUE):
+    batch = ConfigBatch.from_configs(cfgs)
+    return Measurements(batch=batch, iter_time_s=t_iter(model, env, params, batch))
+
+
+def test_recovers_times_generated_by_the_model(models, env):
+    model = models["bert"]
+    pts = measured(model, env, configs())
+    res = fit(model, env, pts)
+    assert res.offload_fitted and res.rmsle < 1e-3
+    # and predicts configurations it has not seen
+    unseen = ConfigBatch.from_configs([Config(plan=Plan(dp=2, zero_stage=2, offload=True), gpus_per_node=(1, 1),
+                                              cpus_per_gpu=8, global_batch_size=32),
+                                       Config(plan=Plan(dp=8, gc=True), gpus_per_node=(2, 6), cpus_per_gpu=None,
+                                              global_batch_size=32)])
+    assert np.allclose(t_iter(model, env, res.params, unseen), t_iter(model, env, TRUE, unseen), rtol=0.02)
+
+
+def test_bad_start_does_not_decide(models, env):
+    model = models["bert"]
+    pts = measured(model, env, configs())
+    far = PerfParams(k_bwd=7.5, k_sync=45.0, k_opt=500.0, k_opt_off=5000.0, k_off=40.0, k_swap=40.0, k_const=50.0)
+    assert fit(model, env, pts, initial=far).rmsle < 1e-3
+
+
+def test_one_bad_measurement_does_not_drag_the_fit(models, env):
+    model = models["bert"]
+    cfgs = configs(4)
+    pts = measured(model, env, cfgs)
+    times = pts.iter_time_s.copy()
+    times[2] *= 3.0  # one wild point
+    res = fit(model, env, Measurements(batch=pts.batch, iter_time_s=times))
+    err = np.abs(t_iter(model, env, res.params, pts.batch) / pts.iter_time_s - 1.0)
+    assert np.median(np.delete(err, 2)) < 0.03
+
+
+def test_too_few_points_is_a_clear_error(models, env):
+    model = models["bert"]
+    pts = measured(model, env, configs()[:5] + configs()[-1:])
+    with pytest.raises(FitError, match=r"bert: 6 measured point\(s\).*at least 7"):
+        fit(model, env, pts)
+
+
+def test_missing_offload_points_is_a_clear_error(models, env):
+    model = models["bert"]
+    pts = measured(model, env, configs(2))
+    with pytest.raises(FitError, match=r"2 ZeRO-Offload point\(s\).*at least 3"):
+        fit(model, env, pts)
+    no_offload = measured(model, env, configs(0))
+    assert not fit(model, env, no_offload).offload_fitted
+    with pytest.raises(FitError, match="0 ZeRO-Offload"):
+        fit(model, env, no_offload, need_offload=True)
+
+
+def test_breakdown_parts_count_as_measurements(models, env):
+    model = models["bert"]
+    pts = measured(model, env, configs()[:4] + configs()[-3:-1])
+    with pytest.raises(FitError):
+        fit(model, env, pts)
+    n = len(pts.batch)
+    fwd = np.full(n, 0.05)
+    with_parts = Measurements(batch=pts.batch, iter_time_s=pts.iter_time_s, fwd_s=fwd,
+                              opt_s=np.full(n, 0.02))
+    with pytest.raises(FitError, match="ZeRO-Offload"):  # 6 points + 12 parts, but offload: 2 rows + 4 parts
+        fit(model, env, Measurements(batch=pts.batch.take(slice(0, 5)), iter_time_s=pts.iter_time_s[:5],
+                                     fwd_s=fwd[:5]))
+    assert fit(model, env, with_parts).n_points == n
+
+
+def test_nan_and_non_positive_times_refused(models, env):
+    batch = ConfigBatch.from_configs(configs())
+    times = np.ones(len(batch))
+    times[3] = np.nan
+    with pytest.raises(FitError, match="point 3"):
+        Measurements(batch=batch, iter_time_s=times)
+    times[3] = 0.0
+    with pytest.raises(FitError, match="point 3"):
+        Measurements(batch=batch, iter_time_s=times)
+
+
+def test_fit_is_deterministic(models, env):
+    model = models["gpt2"]
+    pts = measured(model, env, configs())
+    assert fit(model, env, pts) == fit(model, env, pts)
