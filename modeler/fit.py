@@ -44,7 +44,6 @@ STARTS: tuple[dict[str, float], ...] = (
     {},
     {"k_bwd": 1.0, "k_sync": 1.2, "k_opt": 0.02, "k_opt_off": 5.0, "k_off": 1.2, "k_swap": 1.2, "k_const": 0.001},
     {"k_bwd": 3.0, "k_sync": 8.0, "k_opt": 1.0, "k_opt_off": 100.0, "k_off": 8.0, "k_swap": 8.0, "k_const": 0.05},
-    {"k_bwd": 1.5, "k_sync": 20.0, "k_opt": 0.3, "k_opt_off": 30.0, "k_off": 20.0, "k_swap": 1.5, "k_const": 0.003},
 )
 
 
@@ -143,7 +142,7 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
     for start in ((base.as_dict() if initial else {}),) + STARTS:
         x0 = np.clip(np.log([start.get(k, getattr(PerfParams(), k)) for k in names]), lo + 1e-9, hi - 1e-9)
         res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, method="trf",
-                            xtol=1e-10, ftol=1e-10, max_nfev=400)
+                            xtol=1e-8, ftol=1e-8, max_nfev=200)
         if best is None or res.cost < best.cost:
             best = res
     params = params_of(best.x)
