@@ -28,7 +28,7 @@ def subject_label(subject: str) -> str:
         base = base_subject(subject)
     except UnknownSubject:
         return "unknown"
-    return subject if base == "rejected" and subject.count(".") <= 2 else base
+    return base
 
 
 def serve(port: int, host: str = "127.0.0.1") -> int:

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "controlplane.cli.log",
     "controlplane.cli.status",
     "controlplane.cli.demo",
+    "controlplane.cli.service",
     "modeler.cli",
     "policy.cli",
     "replay.cli",

@@ -40,11 +40,11 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list or not args.subject:
-        for s in all_subjects() + ["<subject>.rejected"]:
+        for s in all_subjects():
             print(s)
         return 0
     try:
         print(json.dumps(message_schema(args.subject), indent=2))
     except UnknownSubject:
-        return fail(f"unknown subject {args.subject!r}; known: {', '.join(all_subjects())}, <subject>.rejected")
+        return fail(f"unknown subject {args.subject!r}; known: {', '.join(all_subjects())}")
     return 0

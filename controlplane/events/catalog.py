@@ -19,11 +19,15 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "model.updated": (p.ModelUpdated, 1),
     "plan.decided": (p.PlanDecided, 1),
     "clock.tick": (p.ClockTick, 1),
+    "node.rejected": (p.Rejected, 1),
+    "metrics.rejected": (p.Rejected, 1),
+    "model.rejected": (p.Rejected, 1),
+    "plan.rejected": (p.Rejected, 1),
+    "clock.rejected": (p.Rejected, 1),
 }
 """Catalogue subject -> (payload class, current schema version)."""
 
 REJECTED_SUFFIX = ".rejected"
-REJECTED_VERSION = 1
 
 STREAM_NAME = "RUBICK"
 STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>")
@@ -38,7 +42,7 @@ class UnknownSubject(ValueError):
 
 
 def is_rejection(subject: str) -> bool:
-    return subject == "job.rejected" or subject.endswith(REJECTED_SUFFIX)
+    return subject.endswith(REJECTED_SUFFIX)
 
 
 def base_subject(subject: str) -> str:
@@ -48,11 +52,6 @@ def base_subject(subject: str) -> str:
     """
     if subject in SUBJECTS:
         return subject
-    if subject.endswith(REJECTED_SUFFIX):
-        inner = subject[: -len(REJECTED_SUFFIX)]
-        if inner and not is_rejection(inner):
-            # the refusal of any subject, known or not (an unknown subject is itself refused)
-            return REJECTED_SUFFIX[1:]
     for known in ROUTED:
         if subject.startswith(known + ".") and len(subject) > len(known) + 1:
             return known
@@ -61,23 +60,16 @@ def base_subject(subject: str) -> str:
 
 def payload_type(subject: str) -> tuple[type, int]:
     """(payload class, current version) for a wire subject."""
-    base = base_subject(subject)
-    if base == "rejected":
-        return p.Rejected, REJECTED_VERSION
-    return SUBJECTS[base]
+    return SUBJECTS[base_subject(subject)]
 
 
 def rejection_subject(subject: str) -> str | None:
-    """Where a refusal of a message on `subject` is published; None for a rejection itself."""
+    """Where a refusal of a message on `subject` is published: `<namespace>.rejected`
+    (`job.submitted` -> `job.rejected`, `metrics.iteration` -> `metrics.rejected`,
+    `plan.decided.<node>` -> `plan.rejected`); None for a rejection itself."""
     if is_rejection(subject):
         return None
-    if subject == "job.submitted":
-        return "job.rejected"
-    try:
-        base = base_subject(subject)
-    except UnknownSubject:
-        base = subject
-    return base + REJECTED_SUFFIX
+    return subject.split(".", 1)[0] + REJECTED_SUFFIX
 
 
 def all_subjects() -> list[str]:

@@ -144,8 +144,8 @@ class JobSubmitted:
 
 @dataclass(frozen=True)
 class Rejected:
-    """A message refused, with the reason. Published on `<subject>.rejected` (`job.rejected` for
-    `job.submitted`); never itself answered with another rejection."""
+    """A message refused, with the reason. Published on `<namespace>.rejected` (`job.rejected` for
+    `job.submitted`, `metrics.rejected` for `metrics.iteration`, ...); never itself refused in turn."""
 
     subject: str = spec("subject of the refused message", example="job.submitted")
     reason: str = spec("why, in words", example="unknown field")

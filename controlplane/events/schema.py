@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Invalid(Exception):
     """Why a message was refused: which field, what was expected, what came."""
 

@@ -116,8 +116,9 @@ class Recorder:
 
     async def flush(self) -> None:
         """Write buffered rows to a file, then acknowledge everything up to the last message."""
-        if self.rows:
-            rows = self.rows
+        step = max(1, self.cfg.roll_rows)
+        for start in range(0, len(self.rows), step):
+            rows = self.rows[start:start + step]
             path = await asyncio.to_thread(write_atomic, Path(self.cfg.log_dir), self.stream, rows)
             self.files_written += 1
             self.rows_written += len(rows)

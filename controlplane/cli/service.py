@@ -1,0 +1,73 @@
+"""`rubick service NAME`: run one control-plane service on its own (as the Helm chart does)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from ..admission import AdmissionCore
+from ..bus.nats import JetStreamBus
+from ..models import builtin_model_types
+from ..recorder.service import Recorder, RecorderConfig, stream_token
+from ..runtime import resolve_nats_url
+from ..service import ServiceShell
+from ..ticker import run_ticker
+from .. import metrics
+from .common import add_nats_args, fail
+
+SERVICES = ("recorder", "admission", "clock")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("service", help="run one service against a NATS deployment")
+    p.add_argument("name", choices=SERVICES)
+    add_nats_args(p)
+    p.add_argument("--log-dir", type=Path, default=Path(".rubick/events"), help="recorder: event-log folder")
+    p.add_argument("--roll-seconds", type=float, default=2.0, help="recorder: file roll interval")
+    p.add_argument("--roll-rows", type=int, default=200_000, help="recorder: rows per file at most")
+    p.add_argument("--tick-period", type=float, default=60.0, help="clock: seconds between ticks")
+    p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port (-1 = off)")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    url = resolve_nats_url(args.nats_url, args.data_dir)
+    try:
+        return asyncio.run(_run(args, url))
+    except (ConnectionError, OSError) as exc:
+        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+
+
+async def _run(args: argparse.Namespace, url: str) -> int:
+    bus = await JetStreamBus.connect(url, name=f"rubick-{args.name}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if args.metrics_port >= 0:
+        metrics.serve(args.metrics_port)
+    try:
+        if args.name == "recorder":
+            cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
+            recorder = Recorder(bus, cfg, stream_token(await bus.stream_created()))
+            task = asyncio.create_task(recorder.run(stop))
+            await recorder.ready.wait()
+            print(f"recorder ready: {url} -> {args.log_dir}", flush=True)
+            await task
+        elif args.name == "admission":
+            shell = ServiceShell(AdmissionCore(builtin_model_types()), bus, rejects=True)
+            task = asyncio.create_task(shell.run(stop))
+            await shell.ready.wait()
+            print(f"admission ready: {url}", flush=True)
+            await task
+        else:
+            print(f"clock ready: {url}, a tick every {args.tick_period:g} s", flush=True)
+            await run_ticker(bus, args.tick_period, stop)
+    finally:
+        await bus.close()
+    return 0

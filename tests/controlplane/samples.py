@@ -1,0 +1,48 @@
+"""One valid example payload per subject, built from the schema's own examples."""
+
+from __future__ import annotations
+
+from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, JobPreempted, JobReconfigured,
+                                 JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
+                                 NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
+                                 Resources, make)
+
+PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
+ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
+
+PAYLOADS = {
+    "job.submitted": JobSubmitted(job_id="gpt2-0007", tenant="team-a", guaranteed=True, model=ModelRef(type="gpt2"),
+                                  global_batch_size=16, plan=PLAN, resources=Resources(gpus=2, cpus=16, mem_gb=64.0),
+                                  target_iterations=1000),
+    "job.rejected": Rejected(subject="job.submitted", reason="job id reused", field="job_id",
+                             expected="an id never used before", got="gpt2-0007", event_id="sub-1", job_id="gpt2-0007"),
+    "job.started": JobStarted(job_id="gpt2-0007", allocation=ALLOC, plan=PLAN),
+    "job.reconfigured": JobReconfigured(job_id="gpt2-0007", allocation=ALLOC, plan=Plan(dp=1, tp=2),
+                                        restart_cost_s=71.5),
+    "job.completed": JobCompleted(job_id="gpt2-0007", iterations=1000),
+    "job.failed": JobFailed(job_id="gpt2-0007", reason="exit code 137", exit_code=137, log_tail="Killed"),
+    "job.preempted": JobPreempted(job_id="gpt2-0007", reason="shrunk to zero", iterations_done=420),
+    "node.registered": NodeRegistered(node="node-0", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
+                                      gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0),
+    "node.heartbeat": NodeHeartbeat(node="node-0", jobs=("gpt2-0007",)),
+    "node.lost": NodeLost(node="node-0", reason="no heartbeat for 30 s"),
+    "metrics.iteration": MetricsIteration(job_id="gpt2-0007", model_type="gpt2", iteration=41, iter_time_s=1.05,
+                                          plan=PLAN, gpus_per_node=(2,), node="node-0", cpus_per_gpu=8,
+                                          fwd_s=0.3, bwd_s=0.6, opt_s=0.15),
+    "model.updated": ModelUpdated(model_type="gpt2", version=3, n_points=12, rmsle=0.031,
+                                  params={"k_bwd": 2.0, "k_sync": 1.5, "k_opt": 0.01, "k_opt_off": 0.2,
+                                          "k_off": 1.2, "k_swap": 1.1, "k_const": 5.0}),
+    "plan.decided": PlanDecided(round=17, policy="rubick", decisions=(
+        Decision(job_id="gpt2-0007", allocation=ALLOC, plan=PLAN, predicted_throughput=15.2, reason="slope",
+                 detail={"gpu_slope": "0.31"}),
+        Decision(job_id="bert-0002", allocation=(), plan=None, reason="preempted",
+                 detail={"shrunk_by": "gpt2-0007"}))),
+    "clock.tick": ClockTick(seq=120, period_s=60.0),
+}
+
+NEW_SPEC = ModelSpec(name="my-gpt", num_params=354_823_168, num_layers=24, hidden_size=1024, num_heads=16,
+                     seq_len=1024, global_batch_size=32)
+
+
+def sample(subject: str, n: int = 0, time: float = 1_700_000_000.0):
+    return make(subject, PAYLOADS[subject], time=time + n, id=f"ev-{subject}-{n}", source="test")

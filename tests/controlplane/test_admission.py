@@ -1,0 +1,152 @@
+"""Admission and the service shell: every bad message answered with a *.rejected event, state kept
+across restarts, rejections never answered in turn. Runs on the in-memory bus (same contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import msgpack
+import pytest
+
+from controlplane.admission import AdmissionCore
+from controlplane.bus import MemoryBus
+from controlplane.events import Invalid, ModelRef, Resources, Plan, decode, encode, make
+from controlplane.service import ServiceShell
+
+from .samples import NEW_SPEC, PAYLOADS, sample
+
+KNOWN = ["gpt2", "bert", "llama7"]
+
+
+async def run_shell(bus: MemoryBus, until: int, core: AdmissionCore | None = None) -> ServiceShell:
+    shell = ServiceShell(core or AdmissionCore(KNOWN), bus, rejects=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(shell.run(stop))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if await bus.last_seq() >= until and shell.ready.is_set():
+            consumer_done = shell.handled + shell.restored
+            await asyncio.sleep(0.05)
+            if shell.handled + shell.restored == consumer_done:
+                break
+    stop.set()
+    await task
+    return shell
+
+
+def rejections(bus: MemoryBus):
+    out = []
+    for _, s, d in bus.messages():
+        if s.endswith(".rejected"):
+            try:
+                out.append((s, decode(d, s).payload))
+            except Invalid:
+                pass  # a broken message published on a rejection subject by a test
+    return out
+
+
+def submitted(job_id: str, n: int, **changes):
+    job = dataclasses.replace(PAYLOADS["job.submitted"], job_id=job_id, **changes)
+    return make("job.submitted", job, time=100.0 + n, id=f"sub-{n}", source="test")
+
+
+async def test_bad_messages_get_precise_rejections():
+    bus = MemoryBus()
+    bad_version = msgpack.unpackb(encode(submitted("v-job", 1)))
+    bad_version["v"] = 9
+    extra = msgpack.unpackb(encode(submitted("x-job", 2)))
+    extra["data"]["colour"] = "blue"
+    await bus.publish("job.submitted", b"\xc1 not msgpack")
+    await bus.publish("job.submitted", msgpack.packb(bad_version))
+    await bus.publish("job.submitted", msgpack.packb(extra))
+    unknown = msgpack.unpackb(encode(submitted("f-job", 3)))
+    unknown["subject"] = "job.frobnicated"
+    await bus.publish("job.frobnicated", msgpack.packb(unknown))
+    await bus.publish("metrics.iteration", b"\x01")
+    await run_shell(bus, 5)
+    got = rejections(bus)
+    assert [s for s, _ in got] == ["job.rejected", "job.rejected", "job.rejected", "job.rejected",
+                                   "metrics.rejected"]
+    reasons = [(r.reason, r.field, r.stream_seq) for _, r in got]
+    assert reasons[0] == ("malformed msgpack", "", 1)
+    assert reasons[1] == ("unknown schema version", "v", 2)
+    assert reasons[2] == ("unknown field", "data.colour", 3)
+    assert reasons[3] == ("unknown subject", "subject", 4)
+    assert got[2][1].job_id == "x-job" and got[2][1].event_id == "sub-2"
+
+
+async def test_semantic_refusals_and_reused_ids():
+    bus = MemoryBus()
+    events = [
+        submitted("ok-1", 1),
+        submitted("ok-1", 2),  # reused id
+        submitted("mystery", 3, model=ModelRef(type="gpt9")),  # unknown type, no spec
+        submitted("brand-new", 4, model=ModelRef(type="my-gpt", spec=NEW_SPEC)),  # new type with its spec
+        submitted("uses-new", 5, model=ModelRef(type="my-gpt")),  # now known
+    ]
+    for e in events:
+        await bus.publish(e.subject, encode(e), e.id)
+    await run_shell(bus, len(events))
+    got = {r.job_id: r.reason for _, r in rejections(bus)}
+    assert got == {"ok-1": "job id reused",
+                   "mystery": "unknown model type (give its full spec to add a new type)"}
+
+
+async def test_resources_beyond_the_cluster_are_refused():
+    bus = MemoryBus()
+    node = make("node.registered", PAYLOADS["node.registered"], time=1.0, id="n0", source="agent")
+    big = submitted("too-big", 1, plan=Plan(dp=16), resources=Resources(gpus=16), global_batch_size=32)
+    for e in (node, big):
+        await bus.publish(e.subject, encode(e), e.id)
+    await run_shell(bus, 2)
+    ((subject, rej),) = rejections(bus)
+    assert (subject, rej.reason, rej.field, rej.expected, rej.got) == \
+        ("job.rejected", "more GPUs than the cluster has", "resources.gpus", "<= 8", "16")
+
+
+async def test_restart_rebuilds_state_from_the_stream():
+    bus = MemoryBus()
+    first = submitted("persist-1", 1)
+    await bus.publish(first.subject, encode(first), first.id)
+    await run_shell(bus, 1)
+    again = submitted("persist-1", 2)
+    await bus.publish(again.subject, encode(again), again.id)
+    shell = await run_shell(bus, 2, AdmissionCore(KNOWN))  # a fresh core: the shell restores it
+    assert shell.restored >= 1
+    assert [r.reason for _, r in rejections(bus)] == ["job id reused"]
+
+
+async def test_rejections_are_never_answered():
+    bus = MemoryBus()
+    await bus.publish("job.rejected", b"\xc1 broken rejection")
+    await bus.publish("metrics.rejected", b"\xc1")
+    await run_shell(bus, 2)
+    assert rejections(bus) == []
+    assert await bus.last_seq() == 2
+
+
+async def test_a_retried_rejection_is_not_doubled():
+    bus = MemoryBus()
+    await bus.publish("job.submitted", b"\xc1")
+    await run_shell(bus, 1)
+    # a second admission replica (another durable) sees the same message: same answer id, stored once
+    core = AdmissionCore(KNOWN)
+    shell = ServiceShell(core, bus, rejects=True)
+    shell.core.name = "admission-b"
+    stop = asyncio.Event()
+    task = asyncio.create_task(shell.run(stop))
+    await asyncio.sleep(0.2)
+    stop.set()
+    await task
+    assert len(rejections(bus)) == 1
+
+
+@pytest.mark.parametrize("subject", sorted(PAYLOADS))
+async def test_valid_events_pass_without_rejection(subject):
+    bus = MemoryBus()
+    e = sample(subject)
+    await bus.publish(e.subject, encode(e), e.id)
+    await run_shell(bus, 1)
+    assert rejections(bus) == ([] if subject != "job.rejected" else [("job.rejected", e.payload)])
+    assert await bus.last_seq() == 1
