@@ -60,6 +60,7 @@ class Layout:
     tp_inter: bool
     pp_inter: bool
     nodes: int
+    min_node_gpus: int
 
 
 @lru_cache(maxsize=1 << 16)
@@ -70,7 +71,8 @@ def layout(gpus_per_node: tuple[int, ...], dp: int, tp: int, pp: int) -> Layout:
     def crosses(axis: int) -> bool:
         return bool((node_of.max(axis=axis) != node_of.min(axis=axis)).any())
 
-    return Layout(dp_inter=crosses(1), tp_inter=crosses(2), pp_inter=crosses(0), nodes=len(gpus_per_node))
+    return Layout(dp_inter=crosses(1), tp_inter=crosses(2), pp_inter=crosses(0), nodes=len(gpus_per_node),
+                  min_node_gpus=min(gpus_per_node))
 
 
 def check_config(cfg: Config, *, allow_tp_across_nodes: bool = True, row: int | None = None) -> Layout:
@@ -125,6 +127,8 @@ class ConfigBatch:
     cpus: np.ndarray
     gpus: np.ndarray
     nodes: np.ndarray
+    min_node_gpus: np.ndarray
+    """GPUs on the placement's smallest node: the NICs a group crossing nodes can use (see `perf_model`)."""
     dp_inter: np.ndarray
     tp_inter: np.ndarray
     pp_inter: np.ndarray
@@ -146,14 +150,14 @@ class ConfigBatch:
             rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if cfg.ga_auto else p.ga_steps,
                          p.micro_batches, cfg.global_batch_size,
                          math.nan if cfg.cpus_per_gpu is None else cfg.cpus_per_gpu,
-                         sum(cfg.gpus_per_node), lay.nodes, lay.dp_inter, lay.tp_inter, lay.pp_inter))
+                         sum(cfg.gpus_per_node), lay.nodes, lay.min_node_gpus, lay.dp_inter, lay.tp_inter, lay.pp_inter))
         return _stack(rows)
 
 
 _DTYPES = (np.int64, np.int64, np.int64, np.int64, np.bool_, np.bool_, np.int64, np.int64, np.float64,
-           np.float64, np.int64, np.int64, np.bool_, np.bool_, np.bool_)
+           np.float64, np.int64, np.int64, np.int64, np.bool_, np.bool_, np.bool_)
 _FIELDS = ("dp", "tp", "pp", "zero_stage", "offload", "gc", "ga_steps", "micro_batches", "global_batch", "cpus",
-           "gpus", "nodes", "dp_inter", "tp_inter", "pp_inter")
+           "gpus", "nodes", "min_node_gpus", "dp_inter", "tp_inter", "pp_inter")
 
 
 def _stack(rows: list[tuple]) -> ConfigBatch:

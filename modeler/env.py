@@ -28,6 +28,9 @@ class Environment:
     b_inter_gbps: float
     b_pcie_gbps: float
     default_cpus_per_gpu: int = 4
+    nics_per_node: int = 1
+    """RDMA NICs per node; b_inter_gbps is their sum. The GPUs of a node share them evenly
+    (gpus_per_node / nics_per_node GPUs behind each NIC's PCIe switch)."""
 
     @property
     def b_intra(self) -> float:
@@ -36,6 +39,15 @@ class Environment:
     @property
     def b_inter(self) -> float:
         return self.b_inter_gbps * 1e9
+
+    def b_inter_rails(self, min_node_gpus):
+        """Bytes/s a ring crossing nodes gets: NCCL runs one ring channel per NIC, and the node with
+        the fewest GPUs reaches only the NICs behind those GPUs, ceil(g / GPUs-per-NIC) of them."""
+        import numpy as np
+        per_nic = self.b_inter / self.nics_per_node
+        gpus_per_nic = max(self.gpus_per_node // self.nics_per_node, 1)
+        nics = np.minimum(np.ceil(np.asarray(min_node_gpus, dtype=np.float64) / gpus_per_nic), self.nics_per_node)
+        return per_nic * np.maximum(nics, 1.0)
 
     @property
     def b_pcie(self) -> float:

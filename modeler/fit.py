@@ -23,7 +23,7 @@ from scipy.optimize import least_squares
 from .configs import ConfigBatch
 from .env import Environment
 from .memory import resolve_ga
-from .perf_model import OFFLOAD_PARAMS, PARAM_NAMES, PerfParams, parts
+from .perf_model import ENGINE_PARAMS, OFFLOAD_PARAMS, PARAM_NAMES, PerfParams, parts
 from .spec import ModelType
 
 MIN_POINTS = 7
@@ -39,6 +39,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "k_off": (1.0, 50.0),
     "k_swap": (1.0, 50.0),
     "k_const": (1e-5, 100.0),   # s
+    "k_3d": (0.2, 10.0),
 }
 STARTS: tuple[dict[str, float], ...] = (
     {},
@@ -117,7 +118,8 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
     """Fit the parameters of `model` on the measured points."""
     _, n_off = check_points(model, pts, need_offload=need_offload)
     batch = resolve_ga(model, env, pts.batch)
-    names = [k for k in PARAM_NAMES if n_off or k not in OFFLOAD_PARAMS]
+    n_3d = int((pts.batch.tp * pts.batch.pp > 1).sum())
+    names = [k for k in PARAM_NAMES if (n_off or k not in OFFLOAD_PARAMS) and (n_3d or k not in ENGINE_PARAMS)]
     base = initial or PerfParams()
     n = len(pts.batch)
     meas = np.log(pts.iter_time_s)

@@ -34,8 +34,14 @@ from .configs import ConfigBatch
 from .env import Environment
 from .spec import ModelType
 
-PARAM_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const")
+PARAM_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const", "k_3d")
+APPENDIX_PARAMS = PARAM_NAMES[:7]
+"""The seven parameters of the appendix; `k_3d` is this implementation's extension (see below)."""
 OFFLOAD_PARAMS = ("k_opt_off", "k_off", "k_swap")
+ENGINE_PARAMS = ("k_3d",)
+"""Fitted only when a point runs on the tensor/pipeline-parallel engine (tp * pp > 1)."""
+OPTIONAL_PARAMS = {"k_3d": 1.0}
+"""Parameters a parameter file may leave out (files written before they existed): their neutral value."""
 GRAD_BYTES = 2.0
 """Bytes per element of gradients and activations on the wire (16-bit mixed precision)."""
 OFFLOAD_BYTES = 4.0
@@ -54,6 +60,7 @@ class PerfParams:
     k_off: float = 2.0
     k_swap: float = 2.0
     k_const: float = 0.01
+    k_3d: float = 1.0
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -64,6 +71,7 @@ class PerfParams:
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; expected {', '.join(PARAM_NAMES)}")
+        data = {**OPTIONAL_PARAMS, **data}
         missing = sorted(names - set(data))
         if missing:
             raise ValueError(f"missing parameter(s) {', '.join(missing)}")
@@ -111,7 +119,8 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     shs = float(spec.seq_len * spec.hidden_size)
 
     # forward: per-GPU batch and tensor shard, PP fill over m micro-batches and p stages
-    t_fwd = model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p)
+    engine = np.where(t * p > 1, params.k_3d, 1.0)
+    t_fwd = engine * model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p)
     t_fwd_step = t_fwd / a
     t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc, t_fwd_step, 0.0)
 
@@ -119,9 +128,12 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     v_dp = GRAD_BYTES * P * 2.0 * (d - 1.0) / (d * t * p)
     v_tp = GRAD_BYTES * 8.0 * (t - 1.0) * b * shs * spec.num_layers / (d * t)
     v_pp = np.where(p > 1, GRAD_BYTES * 2.0 * p * b * shs / (d * t), 0.0)
-    t_comm_dp = v_dp / np.where(batch.dp_inter, env.b_inter, env.b_intra)
-    t_comm_tp = v_tp / np.where(batch.tp_inter, env.b_inter, env.b_intra)
-    t_comm_pp = v_pp / np.where(batch.pp_inter, env.b_inter, env.b_intra)
+    # the t tensor-parallel ranks of a node run their DP all-reduces and PP sends at the same time,
+    # over the same NICs
+    b_inter = env.b_inter_rails(batch.min_node_gpus) / t
+    t_comm_dp = v_dp / np.where(batch.dp_inter, b_inter, env.b_intra)
+    t_comm_tp = v_tp / np.where(batch.tp_inter, b_inter, env.b_intra)
+    t_comm_pp = v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
 
     t_cc = (a * t_fwd_step + (a - 1.0) * t_bwd_step + f_overlap(t_bwd_step, t_comm_dp, params.k_sync)
             + t_comm_tp + t_comm_pp)
@@ -130,7 +142,8 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     shards = np.where(batch.zero_stage > 0, d * t * p, t * p)
     cpus = np.where(np.isnan(batch.cpus), float(env.default_cpus_per_gpu), batch.cpus)
     t_opt = np.where(batch.offload, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
-    t_off = np.where(batch.offload, OFFLOAD_BYTES * P / (d * t * p * env.b_pcie), 0.0)
+    b_pcie = env.b_pcie if model.b_pcie_gbps is None else model.b_pcie_gbps * 1e9
+    t_off = np.where(batch.offload, OFFLOAD_BYTES * P / (d * t * p * b_pcie), 0.0)
     t_oo = np.where(batch.offload,
                     f_overlap(t_comm_dp, t_off, params.k_off) + f_overlap(t_opt, t_off, params.k_swap), t_opt)
 

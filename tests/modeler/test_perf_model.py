@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -56,8 +58,29 @@ def test_bottleneck_bandwidth_of_the_placement(models, env):
     m, p = models["roberta"], PerfParams()
     inside = parts(m, env, p, batch(cfg(gpn=(8,), dp=8)))
     across = parts(m, env, p, batch(cfg(gpn=(4, 4), dp=8)))
-    assert np.isclose(across.t_comm_dp[0] / inside.t_comm_dp[0], env.b_intra_gbps / env.b_inter_gbps)
+    b_across = float(env.b_inter_rails(4))
+    assert np.isclose(across.t_comm_dp[0] / inside.t_comm_dp[0], env.b_intra / b_across)
     assert inside.t_comm_tp[0] == 0 and inside.t_comm_pp[0] == 0
+
+
+def test_inter_node_rails_follow_the_smallest_node(models, env):
+    # 4 NICs per node, a GPU pair behind each: a node with 1 or 2 GPUs reaches one NIC, 3 or 4 two
+    assert env.nics_per_node == 4 and env.gpus_per_node == 8
+    per_nic = env.b_inter / 4
+    assert np.allclose(env.b_inter_rails(np.array([1, 2, 3, 4, 7, 8])), per_nic * np.array([1, 1, 2, 2, 4, 4]))
+    m, p = models["roberta"], PerfParams()
+    one, two = parts(m, env, p, batch(cfg(gpn=(1, 7), dp=8), cfg(gpn=(4, 4), dp=8))).t_comm_dp
+    assert np.isclose(one / two, 2.0)
+
+
+def test_tp_ranks_share_the_nics(models, env):
+    m, p = models["llama7"], PerfParams()
+    dp_only = Config(plan=Plan(dp=16), gpus_per_node=(8, 8), cpus_per_gpu=None, global_batch_size=16)
+    with_tp = Config(plan=Plan(dp=4, tp=4), gpus_per_node=(8, 8), cpus_per_gpu=None, global_batch_size=16)
+    a, b = parts(m, env, p, batch(dp_only, with_tp)).t_comm_dp
+    # per-rank volume 1/4 under TP=4, but the 4 TP ranks of a node share its NICs: same time per byte
+    v_a, v_b = 2 * 2.0 * m.spec.num_params * 15 / 16, 2 * 2.0 * m.spec.num_params * 3 / 16
+    assert np.isclose(b / a, (v_b * 4) / v_a)
 
 
 def test_offload_uses_cpus_and_pcie(models, env):
@@ -67,7 +90,9 @@ def test_offload_uses_cpus_and_pcie(models, env):
     a, b = parts(m, env, p, batch(few, many)).t_opt
     assert np.isclose(a / b, 4.0)
     pr = parts(m, env, p, batch(few))
-    assert np.isclose(pr.t_off[0], 4.0 * m.spec.num_params / (env.b_pcie_gbps * 1e9))
+    assert np.isclose(pr.t_off[0], 4.0 * m.spec.num_params / (m.b_pcie_gbps * 1e9))
+    plain = parts(replace(m, b_pcie_gbps=None), env, p, batch(few))
+    assert np.isclose(plain.t_off[0], 4.0 * m.spec.num_params / (env.b_pcie_gbps * 1e9))
     assert pr.t_oo[0] >= max(pr.t_opt[0], pr.t_off[0])
 
 
