@@ -98,37 +98,63 @@ class JetStreamBus(Bus):
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
-    async def publish_many(self, items: Sequence[tuple[str, bytes, str | None]]) -> list[PubAck]:
-        """Asynchronous publishes, acknowledgements collected at the end; failures retried one by one."""
+    async def publish_many(self, items: Sequence[tuple[str, bytes, str | None]], *,
+                           timeout: float = 5.0) -> list[PubAck]:
+        """Asynchronous publishes with acknowledgements collected at the end.
+
+        Any publish not acknowledged in time (the server went away, say) is retried one
+        by one with the same message id, so it is stored exactly once.
+        """
         ids = [m or uuid.uuid4().hex for _, _, m in items]
-        futures = []
+        futures: list[asyncio.Future | None] = []
         for (subject, data, _), msg_id in zip(items, ids):
-            futures.append(await self.js.publish_async(subject, data, stream=self.stream,
-                                                       headers={MSG_ID: msg_id}))
+            try:
+                futures.append(await self.js.publish_async(subject, data, stream=self.stream,
+                                                           headers={MSG_ID: msg_id}, wait_stall=timeout))
+            except Exception:  # not even sent: retried below
+                futures.append(None)
+        live = [f for f in futures if f is not None]
+        if live:
+            await asyncio.wait(live, timeout=timeout)
         acks: list[PubAck] = []
         for (subject, data, _), msg_id, fut in zip(items, ids, futures):
-            try:
-                ack = await asyncio.wait_for(fut, 5.0)
+            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                ack = fut.result()
                 acks.append(PubAck(seq=ack.seq, duplicate=bool(ack.duplicate)))
-            except Exception:  # timed out or failed: retry with the same id, never doubled
-                acks.append(await self.publish(subject, data, msg_id))
+                continue
+            if fut is not None and not fut.done():
+                fut.cancel()
+            acks.append(await self.publish(subject, data, msg_id))
         return acks
 
     async def consumer(self, durable: str, subjects: Sequence[str] = (">",), *, ack_wait: float = 30.0,
                        ack_all: bool = False, max_ack_pending: int = 100_000) -> Consumer:
+        """A durable pull consumer that resumes right after its acknowledged position.
+
+        When the durable exists (a restart), it is re-created starting at its ack floor + 1:
+        messages that were delivered to the previous instance but not acknowledged come
+        again at once and in stream order, instead of after `ack_wait` and after newer ones.
+        One instance per durable name.
+        """
+        start = 1
+        try:
+            info = await self.js.consumer_info(self.stream, durable)
+            start = int(info.ack_floor.stream_seq or 0) + 1 if info.ack_floor else 1
+            await self.js.delete_consumer(self.stream, durable)
+        except nats.js.errors.NotFoundError:
+            pass
         config = api.ConsumerConfig(
-            durable_name=durable, name=durable, deliver_policy=api.DeliverPolicy.ALL,
+            durable_name=durable, name=durable,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start > 1 else api.DeliverPolicy.ALL,
+            opt_start_seq=start if start > 1 else None,
             ack_policy=api.AckPolicy.ALL if ack_all else api.AckPolicy.EXPLICIT,
             ack_wait=ack_wait, max_ack_pending=max_ack_pending, max_deliver=-1,
             filter_subjects=None if list(subjects) == [">"] else list(subjects),
         )
-        try:
-            await self.js.consumer_info(self.stream, durable)
-        except nats.js.errors.NotFoundError:
-            await self.js.add_consumer(self.stream, config)
+        await self.js.add_consumer(self.stream, config)
         sub = await self.js.pull_subscribe_bind(durable=durable, stream=self.stream,
                                                 pending_msgs_limit=-1, pending_bytes_limit=-1)
-        return _JetStreamConsumer(sub)
+        return _JetStreamConsumer(sub, start - 1)
 
     async def read(self, subjects: Sequence[str] = (">",), start_seq: int = 1,
                    end_seq: int | None = None) -> AsyncIterator[Delivery]:
@@ -177,8 +203,9 @@ class JetStreamBus(Bus):
 
 
 class _JetStreamConsumer(Consumer):
-    def __init__(self, sub) -> None:
+    def __init__(self, sub, base_floor: int = 0) -> None:
         self.sub = sub
+        self.base_floor = base_floor
 
     async def fetch(self, batch: int = 256, timeout: float = 1.0) -> list[Delivery]:
         try:
@@ -193,7 +220,8 @@ class _JetStreamConsumer(Consumer):
 
     async def ack_floor(self) -> int:
         info = await self.sub.consumer_info()
-        return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+        floor = int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+        return max(floor, self.base_floor)
 
     async def close(self) -> None:
         try:

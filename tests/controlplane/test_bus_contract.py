@@ -148,3 +148,16 @@ def test_subject_matching():
     assert subject_matches("job.*", "job.started")
     assert not subject_matches("job.*", "job.started.x")
     assert not subject_matches("node.>", "job.started")
+
+
+async def test_reopened_durable_redelivers_unacked_at_once_and_in_order(bus):
+    for i in range(3):
+        await bus.publish("job.started", b"%d" % i)
+    c1 = await bus.consumer("restartable", [">"], ack_wait=30.0)
+    got = await fetch_all(c1, 3)
+    await got[0].ack()  # the instance dies holding messages 2 and 3
+    await asyncio.sleep(0.1)
+    await bus.publish("job.started", b"3")
+    c2 = await bus.consumer("restartable", [">"], ack_wait=30.0)
+    again = await fetch_all(c2, 3, timeout=3.0)  # well before ack_wait
+    assert [d.data for d in again] == [b"1", b"2", b"3"]
