@@ -1,0 +1,245 @@
+"""The modeler service core: measured points in, refitted parameters out.
+
+A pure core for `controlplane.service.ServiceShell` (deterministic, no I/O, no wall clock: time only
+from `event.time`; output ids derived from inputs). It consumes
+
+- `job.submitted`: remembers each job's global batch, and learns a new model type from a job that
+  carries its full spec (with a profiled forward time);
+- `metrics.iteration`: one measured iteration. An impossible one (unknown model type, a plan that
+  does not match the placement or the batch, TP across nodes where the spec forbids it, a
+  breakdown part longer than the iteration) is answered with `metrics.rejected` and not used.
+  Otherwise the point is kept (the latest `per_config` per configuration, at most `max_configs`
+  configurations per type), its relative error against the current parameters enters a rolling
+  window, and the type is refitted when the window's mean error passes `threshold` (default 10%)
+  or when a type without parameters has enough points for a first fit;
+- `model.updated`: parameters published by anyone (this core included) with a higher version than
+  the one held are adopted, so a restarted core replaying the log ends where it was.
+
+A refit publishes `model.updated` with the parameters, version + 1, the points used, the RMSLE and
+the reason. Re-handling an event id already seen for a type changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from controlplane.events import Event, JobSubmitted, MetricsIteration, ModelUpdated, Rejected, make
+
+from .configs import Config, ConfigBatch, ConfigError, check_config
+from .env import Environment
+from .fit import FitError, Measurements, fit
+from .memory import resolve_ga
+from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
+from .spec import ModelType
+
+NAME = "modeler"
+
+
+@dataclass
+class _Point:
+    seq: int
+    event_id: str
+    config: Config
+    iter_time_s: float
+    fwd_s: float
+    bwd_s: float
+    opt_s: float
+
+
+@dataclass
+class _TypeState:
+    model: ModelType
+    params: PerfParams | None = None
+    version: int = 0
+    points: dict[tuple, list[_Point]] = field(default_factory=dict)
+    errors: list[float] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)
+
+
+def _config_key(cfg: Config) -> tuple:
+    p = cfg.plan
+    return (p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), p.ga_steps, p.micro_batches,
+            tuple(cfg.gpus_per_node), -1 if cfg.cpus_per_gpu is None else cfg.cpus_per_gpu, cfg.global_batch_size)
+
+
+class ModelerCore:
+    """See the module docstring. `params` seeds parameters per type (version 0, not published)."""
+
+    name = NAME
+    subjects = ("metrics.iteration", "model.updated", "job.submitted")
+
+    def __init__(self, models: Mapping[str, ModelType], env: Environment, params: Mapping[str, PerfParams] | None = None,
+                 *, threshold: float = 0.10, window: int = 20, min_window: int = 5, per_config: int = 4,
+                 max_configs: int = 64, max_seen: int = 4096) -> None:
+        self.env = env
+        self.threshold = threshold
+        self.window = window
+        self.min_window = min_window
+        self.per_config = per_config
+        self.max_configs = max_configs
+        self.max_seen = max_seen
+        self.types: dict[str, _TypeState] = {}
+        self.job_batch: dict[str, int] = {}
+        self._seq = 0
+        for key in sorted(models):
+            self.types[key] = _TypeState(model=models[key], params=(params or {}).get(key))
+
+    # --- the core's interface -------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Event]:
+        if event.subject == "job.submitted":
+            self._job(event.payload)
+            return []
+        if event.subject == "model.updated":
+            self._adopt(event.payload)
+            return []
+        if event.subject == "metrics.iteration":
+            return self._measured(event)
+        return []
+
+    def predict(self, model_type: str, configs: list[Config]) -> np.ndarray:
+        st = self.types[model_type]
+        if st.params is None:
+            raise KeyError(f"model {model_type} has no fitted parameters yet")
+        batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+        return t_iter(st.model, self.env, st.params, resolve_ga(st.model, self.env, batch))
+
+    def snapshot(self) -> dict:
+        """The state as plain data (for tests and debugging): equal snapshots, equal behaviour."""
+        out = {}
+        for key in sorted(self.types):
+            st = self.types[key]
+            out[key] = {"version": st.version, "params": None if st.params is None else st.params.as_dict(),
+                        "errors": list(st.errors),
+                        "points": {repr(k): [(p.event_id, p.iter_time_s) for p in v]
+                                   for k, v in sorted(st.points.items(), key=lambda kv: repr(kv[0]))}}
+        return out
+
+    # --- events ---------------------------------------------------------------------------------------
+
+    def _job(self, job: JobSubmitted) -> None:
+        self.job_batch[job.job_id] = job.global_batch_size
+        spec = job.model.spec
+        if job.model.type not in self.types and spec is not None and spec.fwd_time_s is not None:
+            self.types[job.model.type] = _TypeState(model=ModelType(spec=spec))
+
+    def _adopt(self, upd: ModelUpdated) -> None:
+        st = self.types.get(upd.model_type)
+        if st is None or upd.version <= st.version:
+            return
+        try:
+            params = PerfParams.from_dict(dict(upd.params))
+        except ValueError:
+            return
+        st.params, st.version, st.errors = params, upd.version, []
+
+    def _reject(self, event: Event, m: MetricsIteration, reason: str, fld: str, expected: str = "",
+                got: str = "") -> list[Event]:
+        payload = Rejected(subject="metrics.iteration", reason=reason[:500], field=fld, expected=expected[:500],
+                           got=got[:500], event_id=event.id[:128], job_id=m.job_id)
+        return [make("metrics.rejected", payload, time=event.time, id=f"rej-{event.id}"[:128], source=NAME)]
+
+    def _measured(self, event: Event) -> list[Event]:
+        m: MetricsIteration = event.payload
+        st = self.types.get(m.model_type)
+        if st is None:
+            return self._reject(event, m, "unknown model type", "model_type", "a model type with a spec", m.model_type)
+        if event.id in st.seen:
+            return []
+        gbs = self.job_batch.get(m.job_id, st.model.spec.global_batch_size)
+        cfg = Config(plan=m.plan, gpus_per_node=tuple(m.gpus_per_node), cpus_per_gpu=m.cpus_per_gpu,
+                     global_batch_size=gbs)
+        try:
+            check_config(cfg, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+        except ConfigError as exc:
+            return self._reject(event, m, f"impossible configuration: {exc.detail}", "plan")
+        for name in ("fwd_s", "bwd_s", "opt_s"):
+            part = getattr(m, name)
+            if part is not None and part > m.iter_time_s:
+                return self._reject(event, m, f"{name} is longer than the whole iteration", name,
+                                    f"<= {m.iter_time_s!r}", repr(part))
+        st.seen.append(event.id)
+        del st.seen[:-self.max_seen]
+        self._keep(st, _Point(self._seq, event.id, cfg, m.iter_time_s, *(
+            np.nan if v is None else float(v) for v in (m.fwd_s, m.bwd_s, m.opt_s))))
+        self._seq += 1
+
+        if st.params is None:
+            return self._refit(event, m.model_type, st, "first fit")
+        pred = float(self.predict(m.model_type, [cfg])[0])
+        st.errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
+        del st.errors[:-self.window]
+        mean = float(np.mean(st.errors))
+        if len(st.errors) >= self.min_window and mean > self.threshold:
+            return self._refit(event, m.model_type, st,
+                               f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(st.errors)} points")
+        return []
+
+    def _keep(self, st: _TypeState, point: _Point) -> None:
+        key = _config_key(point.config)
+        kept = st.points.setdefault(key, [])
+        kept.append(point)
+        del kept[:-self.per_config]
+        if len(st.points) > self.max_configs:  # drop the configuration measured longest ago
+            oldest = min(st.points, key=lambda k: (st.points[k][-1].seq, repr(k)))
+            del st.points[oldest]
+
+    def _refit(self, event: Event, key: str, st: _TypeState, reason: str) -> list[Event]:
+        pts = [p for k in sorted(st.points, key=repr) for p in st.points[k]]
+        result = None
+        for subset in (pts, [p for p in pts if not p.config.plan.offload]):
+            if not subset:
+                continue
+            try:
+                result = fit(st.model, self.env, _measurements(st.model, subset), initial=st.params)
+                break
+            except (FitError, ConfigError):
+                continue
+        if result is None:
+            return []
+        params = result.params
+        if st.params is not None and not result.offload_fitted:  # keep what the points could not inform
+            params = PerfParams.from_dict({**params.as_dict(),
+                                           **{k: st.params.as_dict()[k] for k in OFFLOAD_PARAMS}})
+        st.params, st.version, st.errors = params, st.version + 1, []
+        payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
+                               n_points=result.n_points, rmsle=float(result.rmsle), reason=reason)
+        return [make("model.updated", payload, time=event.time, id=f"model-{key}-v{st.version}", source=NAME)]
+
+
+def _measurements(model: ModelType, pts: list[_Point]) -> Measurements:
+    batch = ConfigBatch.from_configs([p.config for p in pts], allow_tp_across_nodes=model.allow_tp_across_nodes)
+    col = lambda name: np.asarray([getattr(p, name) for p in pts], dtype=np.float64)  # noqa: E731
+    return Measurements(batch=batch, iter_time_s=col("iter_time_s"), fwd_s=col("fwd_s"), bwd_sync_s=col("bwd_s"),
+                        opt_s=col("opt_s"))
+
+
+def make_core(models_dir: Path | None = None, env_file: Path | None = None,
+              fit_points: Path | None = None) -> ModelerCore:
+    """The modeler core with the built-in model specs (`examples/models`), the testbed environment
+    (`examples/envs/a800-8x8.yaml`) and parameters seeded from the artifact's fitting points
+    (`data/rubick-artifact/fit_points.csv`) where that file exists. Reads files; the core does not."""
+    from .env import DEFAULT_ENV_FILE, load_env
+    from .spec import MODELS_DIR, load_model
+    from .validate import measurements, read_table
+
+    models_dir = models_dir or MODELS_DIR
+    env = load_env(env_file or DEFAULT_ENV_FILE)
+    models = {p.stem: load_model(p) for p in sorted(Path(models_dir).glob("*.yaml"))}
+    models = {m.name: m for m in models.values()}
+    fit_points = fit_points or Path(__file__).resolve().parent.parent / "data" / "rubick-artifact" / "fit_points.csv"
+    params: dict[str, PerfParams] = {}
+    if Path(fit_points).is_file():
+        rows = read_table(Path(fit_points))
+        for key in sorted(models):
+            mine = [r for r in rows if r["model"] == key]
+            if mine:
+                try:
+                    params[key] = fit(models[key], env, measurements(models[key], mine)).params
+                except (FitError, ConfigError):
+                    pass
+    return ModelerCore(models, env, params)

@@ -1,0 +1,198 @@
+"""The modeler service core on real events: drift triggers a refit, versions increase, impossible
+measurements are answered with metrics.rejected, a replay gives the same state and outputs, and
+the core runs under the service shell on the in-memory bus."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from controlplane.bus import MemoryBus
+from controlplane.events import (JobSubmitted, MetricsIteration, ModelRef, ModelUpdated, Plan, Resources, decode,
+                                 encode, make)
+from controlplane.service import ServiceShell
+from modeler.configs import Config
+from modeler.perf_model import PerfParams
+from modeler.service import ModelerCore, make_core
+from modeler.spec import load_model
+from tests.modeler.conftest import MODELS
+
+SEED = PerfParams(k_bwd=2.0, k_sync=1.2, k_opt=0.09, k_opt_off=6.0, k_off=1.5, k_swap=1.5, k_const=0.06)
+PLACEMENTS = [(1,), (2,), (4,), (8,), (4, 4), (2, 2, 2, 2), (8, 8), (2, 6), (3, 5)]
+
+
+@pytest.fixture
+def core(env):
+    return ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+
+
+def metric(n: int, gpn: tuple[int, ...], t: float, *, plan: Plan | None = None, model: str = "gpt2",
+           job: str = "gpt2-0001", **extra) -> object:
+    payload = MetricsIteration(job_id=job, model_type=model, iteration=n, iter_time_s=t,
+                               plan=plan or Plan(dp=sum(gpn)), gpus_per_node=gpn, **extra)
+    return make("metrics.iteration", payload, time=1000.0 + n, id=f"m-{n}", source="test")
+
+
+def drifted(core: ModelerCore, factor: float, start: int = 0) -> list:
+    """Measurements `factor` times what the core predicts now, on varied placements."""
+    events = []
+    for i, gpn in enumerate(PLACEMENTS * 2):
+        cfg = Config(plan=Plan(dp=sum(gpn)), gpus_per_node=gpn, cpus_per_gpu=None, global_batch_size=16)
+        pred = float(core.predict("gpt2", [cfg])[0])
+        events.append(metric(start + i, gpn, pred * factor))
+    return events
+
+
+def run(core: ModelerCore, events: list) -> list:
+    return [out for e in events for out in core.handle(e)]
+
+
+def test_accurate_measurements_do_not_refit(core):
+    assert run(core, drifted(core, 1.02)) == []
+    assert core.types["gpt2"].version == 0
+
+
+def test_drift_triggers_a_refit_and_versions_increase(core):
+    events = drifted(core, 1.3)
+    out = run(core, events)
+    updates = [e for e in out if e.subject == "model.updated"]
+    assert updates, "30% slower measurements must trigger a refit"
+    first = updates[0].payload
+    assert isinstance(first, ModelUpdated) and first.version == 1 and first.model_type == "gpt2"
+    assert updates[0].id == "model-gpt2-v1" and updates[0].time == events[6].time  # 7th point: enough to fit
+    assert "rolling error" in first.reason and first.n_points >= 7 and first.rmsle < 0.1
+    assert [u.payload.version for u in updates] == list(range(1, len(updates) + 1))
+    # the refitted model predicts the drifted times
+    cfg = Config(plan=Plan(dp=8), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16)
+    seeded = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, core.env, {"gpt2": SEED})
+    ratio = core.predict("gpt2", [cfg])[0] / seeded.predict("gpt2", [cfg])[0]
+    assert 1.15 < ratio < 1.45
+    # a second drift refits again with the next version
+    more = [e for e in run(core, drifted(core, 1.3, start=100)) if e.subject == "model.updated"]
+    assert more and more[0].payload.version == updates[-1].payload.version + 1
+
+
+def test_first_fit_once_enough_points(env):
+    core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env)
+    truth = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+    out = run(core, drifted(truth, 1.0)[:7])
+    assert [e.subject for e in out] == ["model.updated"]
+    assert out[0].payload.version == 1 and out[0].payload.reason == "first fit"
+    assert out[0].time == 1006.0
+
+
+def test_impossible_measurements_are_rejected_and_not_used(core, env):
+    bad = [
+        metric(1, (8,), 1.0, model="resnet"),                                      # unknown type
+        metric(2, (4, 4), 1.0, plan=Plan(dp=1, tp=8)),                             # TP across nodes
+        metric(3, (8,), 1.0, plan=Plan(dp=8, ga_steps=3)),                         # 16 not divisible by 24
+        metric(4, (8,), 1.0, fwd_s=2.0),                                           # part longer than the whole
+    ]
+    out = run(core, bad)
+    assert [e.subject for e in out] == ["metrics.rejected"] * 4
+    fields = [(e.payload.field, e.payload.event_id, e.payload.job_id, e.id) for e in out]
+    assert fields == [("model_type", "m-1", "gpt2-0001", "rej-m-1"), ("plan", "m-2", "gpt2-0001", "rej-m-2"),
+                      ("plan", "m-3", "gpt2-0001", "rej-m-3"), ("fwd_s", "m-4", "gpt2-0001", "rej-m-4")]
+    assert "TP groups would cross nodes" in out[1].payload.reason
+    assert core.types["gpt2"].points == {} and core.types["gpt2"].errors == []
+
+
+def test_job_batch_and_new_types_from_submissions(env):
+    core = ModelerCore({}, env)
+    spec = load_model(MODELS / "bert.yaml").spec
+    job = JobSubmitted(job_id="b-1", tenant="t", guaranteed=False, model=ModelRef(type="bert", spec=spec),
+                       global_batch_size=64, plan=Plan(dp=2), resources=Resources(gpus=2, cpus=8, mem_gb=10.0),
+                       target_iterations=10)
+    assert core.handle(make("job.submitted", job, time=1.0, id="s-1", source="test")) == []
+    assert "bert" in core.types and core.job_batch["b-1"] == 64
+    core.handle(metric(1, (2,), 0.5, model="bert", job="b-1"))
+    (points,) = core.types["bert"].points.values()
+    assert points[0].config.global_batch_size == 64
+
+
+def test_points_are_bounded_per_configuration(core):
+    core.per_config = 3
+    run(core, [metric(i, (8,), 0.6) for i in range(10)])
+    (kept,) = core.types["gpt2"].points.values()
+    assert [p.event_id for p in kept] == ["m-7", "m-8", "m-9"]
+    assert len(core.types["gpt2"].errors) <= core.window
+
+
+def test_replay_is_deterministic_and_idempotent(env):
+    def fresh():
+        return ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+
+    events = drifted(fresh(), 1.3) + [metric(90, (4, 4), 1.0, plan=Plan(dp=1, tp=8))]
+    a, b = fresh(), fresh()
+    out_a, out_b = run(a, events), run(b, events)
+    assert out_a and [encode(e) for e in out_a] == [encode(e) for e in out_b]
+    assert a.snapshot() == b.snapshot()
+    # the same events again (a redelivery) change nothing
+    state = a.snapshot()
+    assert [e for e in run(a, events) if e.subject == "model.updated"] == []
+    assert a.snapshot() == state
+    # a core fed the log including its own outputs (a restart) ends with the same parameters
+    c = fresh()
+    for e in events + out_a:
+        c.handle(e)
+    assert c.types["gpt2"].version == a.types["gpt2"].version
+    assert c.types["gpt2"].params == a.types["gpt2"].params
+
+
+def test_published_parameters_are_adopted_by_version(core):
+    newer = ModelUpdated(model_type="gpt2", version=5, params={**SEED.as_dict(), "k_const": 0.5}, n_points=9,
+                         rmsle=0.01)
+    core.handle(make("model.updated", newer, time=1.0, id="model-gpt2-v5", source="cli"))
+    assert core.types["gpt2"].version == 5 and core.types["gpt2"].params.k_const == 0.5
+    older = ModelUpdated(model_type="gpt2", version=4, params=SEED.as_dict(), n_points=9, rmsle=0.01)
+    core.handle(make("model.updated", older, time=2.0, id="model-gpt2-v4", source="cli"))
+    assert core.types["gpt2"].params.k_const == 0.5
+
+
+def test_make_core_loads_the_builtin_models():
+    core = make_core()
+    assert core.name == "modeler" and set(core.subjects) >= {"metrics.iteration", "model.updated"}
+    assert {"vit", "roberta", "bert", "t5", "gpt2", "llama7", "llama30"} <= set(core.types)
+    assert all(core.types[k].params is not None for k in ("gpt2", "llama7"))
+    cfg = Config(plan=Plan(dp=8), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16)
+    assert np.isclose(core.predict("gpt2", [cfg])[0], 0.626, rtol=0.15)
+
+
+async def _run_shell(bus: MemoryBus, core: ModelerCore) -> ServiceShell:
+    """Run the shell until it has consumed every stored event of its subjects (its own outputs too)."""
+    shell = ServiceShell(core, bus)
+    stop = asyncio.Event()
+    task = asyncio.create_task(shell.run(stop))
+    for _ in range(500):
+        await asyncio.sleep(0.01)
+        mine = sum(1 for _, s, _ in bus.messages() if s in core.subjects)
+        if shell.ready.is_set() and shell.handled + shell.restored >= mine:
+            await asyncio.sleep(0.02)
+            if shell.handled + shell.restored >= sum(1 for _, s, _ in bus.messages() if s in core.subjects):
+                break
+    stop.set()
+    await task
+    return shell
+
+
+async def test_under_the_service_shell(env):
+    def fresh():
+        return ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+
+    bus = MemoryBus()
+    events = drifted(fresh(), 1.3)[:9] + [metric(50, (4, 4), 1.0, plan=Plan(dp=1, tp=8))]
+    for e in events:
+        await bus.publish(e.subject, encode(e), e.id)
+    core = fresh()
+    await _run_shell(bus, core)
+    published = [decode(d, s) for _, s, d in bus.messages()][len(events):]
+    subjects = [e.subject for e in published]
+    assert "model.updated" in subjects and subjects[-1] == "metrics.rejected"
+    # a restarted service rebuilds its state from the log (its own model.updated included)
+    again = fresh()
+    shell = await _run_shell(bus, again)
+    assert shell.restored > 0
+    assert again.types["gpt2"].version == core.types["gpt2"].version
+    assert again.types["gpt2"].params == core.types["gpt2"].params
