@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 
@@ -43,7 +44,6 @@ class Environment:
     def b_inter_rails(self, min_node_gpus):
         """Bytes/s a ring crossing nodes gets: NCCL runs one ring channel per NIC, and the node with
         the fewest GPUs reaches only the NICs behind those GPUs, ceil(g / GPUs-per-NIC) of them."""
-        import numpy as np
         per_nic = self.b_inter / self.nics_per_node
         gpus_per_nic = max(self.gpus_per_node // self.nics_per_node, 1)
         nics = np.minimum(np.ceil(np.asarray(min_node_gpus, dtype=np.float64) / gpus_per_nic), self.nics_per_node)
