@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from urllib.parse import urlparse
 from typing import AsyncIterator, Sequence
 
 import nats
@@ -39,6 +40,21 @@ def _delivery(msg) -> Delivery:
                     deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None))
 
 
+async def _reachable(url: str, timeout: float) -> None:
+    """Fail fast when no server of `url` accepts a connection (reconnects later retry for ever)."""
+    errors = []
+    for server in url.split(","):
+        parsed = urlparse(server.strip() if "://" in server else f"nats://{server.strip()}")
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 4222
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+            writer.close()
+            return
+        except (OSError, asyncio.TimeoutError) as exc:
+            errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+    raise ConnectionError("no NATS server reachable (" + "; ".join(errors) + ")")
+
+
 class JetStreamBus(Bus):
     def __init__(self, nc, js, stream: str) -> None:
         self.nc = nc
@@ -53,6 +69,7 @@ class JetStreamBus(Bus):
         async def on_error(exc: Exception) -> None:
             log.warning("nats: %s", exc)
 
+        await _reachable(url, connect_timeout)
         nc = await nats.connect(url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.25, allow_reconnect=True, error_cb=on_error)
         js = nc.jetstream(timeout=5.0)

@@ -1,0 +1,58 @@
+"""The cluster-state fold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from controlplane.events import (JobCompleted, JobReconfigured, JobStarted, MetricsIteration, NodeLost, NodeShare,
+                                 Plan, make)
+from controlplane.state import fold
+
+from .samples import PAYLOADS, sample
+
+
+def ev(subject, payload, t):
+    return make(subject, payload, time=t, id=f"{subject}-{t}", source="test")
+
+
+def test_job_lifecycle_and_node_loss():
+    sub = PAYLOADS["job.submitted"]
+    other = dataclasses.replace(sub, job_id="other-1")
+    share = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
+    events = [
+        sample("node.registered"),
+        ev("job.submitted", sub, 10.0),
+        ev("job.submitted", other, 11.0),
+        sample("plan.decided"),
+        ev("job.started", JobStarted(job_id="gpt2-0007", allocation=share, plan=Plan(dp=2)), 20.0),
+        ev("job.started", JobStarted(job_id="other-1", allocation=share, plan=Plan(dp=2)), 21.0),
+        ev("metrics.iteration", dataclasses.replace(PAYLOADS["metrics.iteration"], iteration=99), 30.0),
+        ev("job.reconfigured", JobReconfigured(job_id="gpt2-0007", allocation=share, plan=Plan(tp=2),
+                                               restart_cost_s=70.0), 40.0),
+        ev("job.completed", JobCompleted(job_id="gpt2-0007", iterations=1000), 50.0),
+        ev("node.lost", NodeLost(node="node-0", reason="gone"), 60.0),
+    ]
+    state = fold(events, known_models=["gpt2"])
+    job = state.jobs["gpt2-0007"]
+    assert job.status == "completed" and job.finished_at == 50.0 and job.iterations_done == 1000
+    assert job.reconfigurations == 1 and job.restart_cost_s == 70.0 and job.plan == Plan(tp=2)
+    assert job.decided_plan == PAYLOADS["plan.decided"].decisions[0].plan
+    assert state.jobs["other-1"].status == "preempted"  # its node was lost
+    assert not state.nodes["node-0"].alive and state.totals() == (0, 0, 0)
+    assert state.last_round == 17 and state.time == sample("plan.decided").time  # the latest event time
+
+
+def test_refused_submissions_never_become_jobs():
+    sub = PAYLOADS["job.submitted"]
+    state = fold([ev("job.submitted", sub, 1.0), ev("job.submitted", sub, 2.0)], known_models=["gpt2"])
+    assert list(state.jobs) == ["gpt2-0007"] and state.jobs["gpt2-0007"].submitted_at == 1.0
+    state = fold([ev("job.submitted", sub, 1.0)], known_models=[])
+    assert state.jobs == {} and "unknown model type" in state.rejected["gpt2-0007"]
+
+
+def test_fold_is_deterministic_and_incremental():
+    events = [sample(s, i) for i, s in enumerate(sorted(PAYLOADS))]
+    whole = fold(events, known_models=["gpt2"])
+    part = fold(events[:5], known_models=["gpt2"])
+    fold(events[5:], part)
+    assert whole == part
