@@ -8,6 +8,7 @@ stored once: JetStream drops the duplicate within its de-duplication window.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from urllib.parse import urlparse
@@ -102,8 +103,7 @@ class JetStreamBus(Bus):
         delay = 0.05
         for attempt in range(retries + 1):
             try:
-                ack = await self.js.publish(subject, data, timeout=timeout, stream=self.stream,
-                                            headers={MSG_ID: msg_id})
+                ack = await self.js.publish(subject, data, timeout=timeout, headers={MSG_ID: msg_id})
                 return PubAck(seq=ack.seq, duplicate=bool(ack.duplicate))
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError,
                     nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError,
@@ -126,8 +126,7 @@ class JetStreamBus(Bus):
         futures: list[asyncio.Future | None] = []
         for (subject, data, _), msg_id in zip(items, ids):
             try:
-                futures.append(await self.js.publish_async(subject, data, stream=self.stream,
-                                                           headers={MSG_ID: msg_id}, wait_stall=timeout))
+                futures.append(await self.js.publish_async(subject, data, headers={MSG_ID: msg_id}))
             except Exception:  # not even sent: retried below
                 futures.append(None)
         live = [f for f in futures if f is not None]
@@ -220,16 +219,70 @@ class JetStreamBus(Bus):
 
 
 class _JetStreamConsumer(Consumer):
+    """Pull consumer with one pull request kept outstanding and its replies drained in bulk.
+
+    nats-py's `fetch` waits for each message of a batch separately (a task per message);
+    here one wait covers the first message and the rest are taken from the subscription's
+    queue as they arrive, which is several times cheaper per message.
+    """
+
     def __init__(self, sub, base_floor: int = 0) -> None:
         self.sub = sub
         self.base_floor = base_floor
+        self._queue: asyncio.Queue = sub._sub._pending_queue
+        self._outstanding = 0  # messages still expected from the current pull request
+        self._expires_at = 0.0
+
+    async def _request(self, batch: int, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._outstanding > 0 and loop.time() < self._expires_at:
+            return
+        expires = max(timeout, 0.05)
+        request = json.dumps({"batch": batch, "expires": int(expires * 1e9)}).encode()
+        await self.sub._js._nc.publish(self.sub._nms, request, self.sub._deliver)
+        self._outstanding = batch
+        self._expires_at = loop.time() + expires
+
+    def _take(self, msg, out: list[Delivery]) -> None:
+        headers = msg.headers
+        status = headers.get("Status") if headers and not msg.data else None
+        if status is not None:
+            if status in ("404", "408", "409"):  # no messages / request expired / limits: request done
+                self._outstanding = 0
+            return  # 100 = heartbeat
+        self._outstanding -= 1
+        out.append(_delivery(msg))
 
     async def fetch(self, batch: int = 256, timeout: float = 1.0) -> list[Delivery]:
-        try:
-            msgs = await self.sub.fetch(batch, timeout=timeout)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
-            return []
-        return [_delivery(m) for m in msgs]
+        out: list[Delivery] = []
+        q = self._queue
+        while not q.empty() and len(out) < batch:
+            self._take(q.get_nowait(), out)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not out:
+            await self._request(batch, max(0.05, deadline - loop.time()))
+            remaining = min(deadline, self._expires_at) - loop.time()
+            if remaining <= 0 and deadline <= loop.time():
+                return out
+            try:
+                msg = await asyncio.wait_for(q.get(), max(0.001, remaining))
+            except asyncio.TimeoutError:
+                if loop.time() >= deadline:
+                    return out
+                continue
+            self._take(msg, out)
+        # take what else has arrived, letting the reader parse more while the request is live
+        idle = 0
+        while len(out) < batch and self._outstanding > 0 and idle < 2:
+            if q.empty():
+                idle += 1
+                await asyncio.sleep(0)
+                continue
+            idle = 0
+            while not q.empty() and len(out) < batch:
+                self._take(q.get_nowait(), out)
+        return out
 
     async def lag(self) -> int:
         info = await self.sub.consumer_info()

@@ -208,13 +208,24 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+_PRIMITIVES = (str, int, float, bool, bytes, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
 def to_plain(obj: Any) -> Any:
     """A dataclass tree as plain maps/lists, keys in field order (stable bytes)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, (list, tuple)):
+    t = type(obj)
+    if t in _PRIMITIVES:
+        return obj
+    names = _FIELD_NAMES.get(t, ())
+    if names == ():
+        names = tuple(f.name for f in fields(obj)) if dataclasses.is_dataclass(obj) and t is not type else None
+        _FIELD_NAMES[t] = names
+    if names is not None:
+        return {name: to_plain(getattr(obj, name)) for name in names}
+    if t is list or t is tuple:
         return [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
+    if t is dict:
         return {k: to_plain(obj[k]) for k in sorted(obj, key=str)}
     return obj
 

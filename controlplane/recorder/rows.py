@@ -70,7 +70,7 @@ def _us(value: Any) -> int | None:
 def row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float) -> tuple:
     """A row in COLUMNS order. Times are microseconds since the epoch."""
     event_id = v = time = source = job_id = node = model_type = iter_time = plan = error = None
-    jobs: list[str] | None = None
+    jobs: str | None = None  # joined by _SEP, split into a list column by frame()
     try:
         env = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
@@ -97,13 +97,18 @@ def row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: floa
             plan = plan_code(payload.get("plan"))
             decisions = payload.get("decisions")
             if isinstance(decisions, list):
-                jobs = [d["job_id"] for d in decisions if isinstance(d, dict) and isinstance(d.get("job_id"), str)]
+                jobs = _SEP.join(d["job_id"] for d in decisions
+                                 if isinstance(d, dict) and isinstance(d.get("job_id"), str))
             elif isinstance(payload.get("jobs"), list):
-                jobs = [j for j in payload["jobs"] if isinstance(j, str)]
+                jobs = _SEP.join(j for j in payload["jobs"] if isinstance(j, str))
             elif job_id is not None:
-                jobs = [job_id]
+                jobs = job_id
+            jobs = jobs or None
     return (seq, _us(stored), subject, event_id, v, time, source, job_id, jobs, node, model_type, iter_time,
             plan, msg_id, error, bytes(data))
+
+
+_SEP = "\x1f"  # unit separator: never part of a job id
 
 
 def frame(rows: list[tuple]) -> pl.DataFrame:
@@ -113,6 +118,8 @@ def frame(rows: list[tuple]) -> pl.DataFrame:
         dtype = SCHEMA[name]
         if isinstance(dtype, pl.Datetime):
             data[name] = pl.Series(name, values, dtype=pl.Int64).cast(dtype)
+        elif name == "jobs":  # building a list column from Python lists is slow; split joined text instead
+            data[name] = pl.Series(name, values, dtype=pl.Utf8).str.split(_SEP)
         else:
             data[name] = pl.Series(name, values, dtype=dtype)
     return pl.DataFrame(data)

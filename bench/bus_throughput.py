@@ -1,0 +1,160 @@
+"""Bus and recorder throughput through a real nats-server.
+
+For each run (fresh server and folder):
+  1. raw JetStream limits of this machine, with nats-py alone: async publish with
+     acks collected at the end, and a durable pull consumer with explicit acks;
+  2. end to end: N `metrics.iteration` events published (acks collected per chunk)
+     while the recorder runs as its own process (`rubick service recorder`), until
+     all N are in Parquet files; then the log is checked for lost and doubled rows.
+Prints per run and the median over runs: publish rate, recorded rate, their ratio
+to the raw publish rate, p50/p99 publish-to-recorded latency (publish time to the
+moment the Parquet file holding the event was renamed into place), and bytes per
+event on disk.
+
+    python bench/bus_throughput.py [--n 100000] [--runs 3] [--roll-seconds 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nats
+import numpy as np
+import polars as pl
+from nats.js import api
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controlplane.bus.nats import JetStreamBus  # noqa: E402
+from controlplane.eventlog import scan  # noqa: E402
+from controlplane.events import MetricsIteration, Plan, encode, make  # noqa: E402
+from controlplane.natsserver import NatsServer  # noqa: E402
+
+PAYLOAD = MetricsIteration(job_id="bench-job", model_type="gpt2", iteration=0, iter_time_s=1.05,
+                           plan=Plan(dp=8, zero_stage=2), gpus_per_node=(8,), node="node-0", cpus_per_gpu=8,
+                           fwd_s=0.3, bwd_s=0.6, opt_s=0.15)
+
+
+async def raw_limits(url: str, n: int) -> tuple[float, float]:
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(api.StreamConfig(name="RAW", subjects=["raw.>"], storage=api.StorageType.FILE))
+    data = encode(make("metrics.iteration", PAYLOAD, time=time.time(), id="raw", source="bench"))
+    t0 = time.perf_counter()
+    futures = [await js.publish_async("raw.metrics", data) for _ in range(n)]
+    await asyncio.gather(*futures)
+    publish_rate = n / (time.perf_counter() - t0)
+    sub = await js.pull_subscribe("raw.>", durable="raw-consumer", stream="RAW")
+    got = 0
+    t0 = time.perf_counter()
+    while got < n:
+        msgs = await sub.fetch(1000, timeout=5)
+        for m in msgs:
+            await m.ack()
+        got += len(msgs)
+    consume_rate = n / (time.perf_counter() - t0)
+    await js.delete_stream("RAW")
+    await nc.close()
+    return publish_rate, consume_rate
+
+
+async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000) -> dict:
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "controlplane.cli", "service", "recorder", "--nats-url", url, "--log-dir",
+         str(log_dir), "--roll-seconds", str(roll_seconds)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    assert "recorder ready" in recorder.stdout.readline()
+    bus = await JetStreamBus.connect(url)
+    # events are encoded beforehand (producers are many processes in a cluster); each carries its id
+    # as Nats-Msg-Id, as every publish of the control plane does
+    events = [make("metrics.iteration", PAYLOAD, time=1.7e9 + i, id=f"b-{i}", source="bench") for i in range(n)]
+    items = [(e.subject, encode(e), e.id) for e in events]
+    t_first = time.time()
+    for start in range(0, n, chunk):
+        acks = await bus.publish_many(items[start:start + chunk])
+        assert all(a.seq > 0 for a in acks)
+    t_published = time.time()
+    await bus.close()
+    deadline = time.time() + 120
+    landed: dict[Path, float] = {}
+    count = 0
+    while count < n and time.time() < deadline:
+        for path in log_dir.glob("events-*.parquet"):
+            if path not in landed:
+                landed[path] = path.stat().st_mtime
+                count += pl.scan_parquet(path).select(pl.len()).collect().item()
+        await asyncio.sleep(0.02)
+    recorder.terminate()
+    recorder.wait(30)
+    frame = scan(log_dir, ["msg_id"]).frame
+    ids = frame["msg_id"].to_list()
+    lost = n - len(set(ids) & {f"b-{i}" for i in range(n)})
+    doubled = len(ids) - len(set(ids))
+    t_last = max(landed.values())
+    # latency: when the stream stored each event (its publish) to when its Parquet file landed
+    per_file = []
+    for path, mtime in landed.items():
+        times = pl.read_parquet(path, columns=["stored"])["stored"].dt.epoch("us").to_numpy() / 1e6
+        per_file.append(mtime - times)
+    latency = np.concatenate(per_file)
+    size = sum(p.stat().st_size for p in landed)
+    return {
+        "publish_rate": n / (t_published - t_first),
+        "recorded_rate": n / (t_last - t_first),
+        "p50_ms": float(np.percentile(latency, 50) * 1000),
+        "p99_ms": float(np.percentile(latency, 99) * 1000),
+        "bytes_per_event": size / n,
+        "wire_bytes": len(items[0][1]),
+        "lost": lost,
+        "doubled": doubled,
+        "files": len(landed),
+    }
+
+
+async def one_run(n: int, roll_seconds: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="rubick-bench-") as tmp:
+        server = NatsServer(Path(tmp) / "nats").start()
+        try:
+            raw_pub, raw_con = await raw_limits(server.url, n)
+            result = await end_to_end(server.url, Path(tmp) / "events", n, roll_seconds)
+        finally:
+            server.stop()
+    result["raw_publish_rate"] = raw_pub
+    result["raw_consume_rate"] = raw_con
+    result["ratio"] = result["recorded_rate"] / raw_pub
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--roll-seconds", type=float, default=0.5)
+    args = parser.parse_args()
+    keys = ["raw_publish_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio", "p50_ms", "p99_ms",
+            "bytes_per_event", "lost", "doubled", "files"]
+    runs = []
+    print(f"{args.n:,} metrics.iteration events per run, {args.runs} runs, recorder roll {args.roll_seconds} s")
+    print(" ".join(f"{k:>16}" for k in keys))
+    for _ in range(args.runs):
+        r = asyncio.run(one_run(args.n, args.roll_seconds))
+        runs.append(r)
+        print(" ".join(f"{r[k]:>16,.2f}" if isinstance(r[k], float) else f"{r[k]:>16,}" for k in keys), flush=True)
+    med = {k: statistics.median(r[k] for r in runs) for k in keys}
+    print(f"median: raw publish {med['raw_publish_rate']:,.0f} msg/s, raw pull+ack {med['raw_consume_rate']:,.0f} "
+          f"msg/s; end-to-end publish {med['publish_rate']:,.0f} msg/s, recorded {med['recorded_rate']:,.0f} msg/s "
+          f"= {med['ratio']:.2f} x raw publish (target >= 0.8); latency p50 {med['p50_ms']:.0f} ms, "
+          f"p99 {med['p99_ms']:.0f} ms; {med['bytes_per_event']:.1f} bytes/event on disk "
+          f"({runs[0]['wire_bytes']} on the wire); lost {sum(r['lost'] for r in runs)}, "
+          f"doubled {sum(r['doubled'] for r in runs)}")
+
+
+if __name__ == "__main__":
+    main()
