@@ -1,7 +1,7 @@
 """`rubick up`: the control plane on one machine.
 
 Starts (or connects to) NATS with JetStream, creates the stream, runs the
-recorder, the admission service and the clock, exposes Prometheus metrics, and
+recorder, the admission service, the clock and the modeler, exposes Prometheus metrics, and
 writes `endpoints.json` in the data folder so `rubick submit` and friends find
 it. Stopping drains the recorder: everything the stream holds is in the log.
 """
@@ -103,7 +103,22 @@ class ControlPlane:
         await self._until_ready(timeout=30.0)
         self.ready_s = time.perf_counter() - t0
         self._write_endpoints()
+        # services whose cores take a while to build start after the control plane is ready
+        self.tasks.append(asyncio.create_task(self._run_modeler(), name="modeler"))
         return self
+
+    async def _run_modeler(self) -> None:
+        try:
+            from modeler.service import make_core
+        except ImportError as exc:  # a deployment without the modeler package
+            log.warning("modeler not started: %s", exc)
+            return
+        core = await asyncio.to_thread(make_core)
+        if self.stop_event.is_set():
+            return
+        shell = ServiceShell(core, self.bus)
+        self.shells.append(shell)
+        await shell.run(self.stop_event)
 
     async def _until_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

@@ -148,8 +148,8 @@ class Rejected:
     `job.submitted`, `metrics.rejected` for `metrics.iteration`, ...); never itself refused in turn."""
 
     subject: str = spec("subject of the refused message", example="job.submitted")
-    reason: str = spec("why, in words", example="unknown field")
-    field: str = spec("the offending field, dotted path", default="", example="resources.gpus")
+    reason: str = spec("why, in words", example="out of range")
+    field: str = spec("the offending field, dotted path", default="", example="data.resources.gpus")
     expected: str = spec("what the field should have been", default="", example="<= 65536")
     got: str = spec("what it was", default="", example="1000000")
     event_id: str = spec("id of the refused event, where it could be read", default="", example="cli-1f3a")
@@ -253,7 +253,7 @@ class MetricsIteration:
     iter_time_s: float = spec("wall time of the iteration (one global batch)", unit="s", gt=0, le=86_400,
                               example=1.05)
     plan: Plan = spec("plan in force")
-    gpus_per_node: tuple[int, ...] = spec("GPUs used on each node of the placement")
+    gpus_per_node: tuple[int, ...] = spec("GPUs used on each node of the placement", example=(2,))
     node: str = spec("node that reported (rank 0's node)", default="", example="node-0")
     cpus_per_gpu: int | None = spec("CPU threads per GPU", ge=1, default=None, example=4)
     fwd_s: float | None = spec("forward time", unit="s", ge=0, default=None, example=0.3)
@@ -276,8 +276,11 @@ class ModelUpdated:
 
     model_type: str = ident("model type", "gpt2")
     version: int = spec("increases by one with every refit of this type", ge=1, example=3)
-    params: dict[str, float] = spec("the seven fitted parameters (k_bwd, k_sync, k_opt, k_opt_off, k_off, "
-                                    "k_swap, k_const)")
+    params: dict[str, float] = spec("fitted performance-model parameters: the seven of the paper (k_bwd, "
+                                    "k_sync, k_opt, k_opt_off, k_off, k_swap, k_const) and k_3d; units in "
+                                    "docs/modeler.md",
+                                    example={"k_bwd": 2.0, "k_sync": 1.5, "k_opt": 0.9, "k_opt_off": 3.1,
+                                             "k_off": 1.2, "k_swap": 1.1, "k_const": 0.005, "k_3d": 1.0})
     n_points: int = spec("measured points the fit used", ge=0, example=12)
     rmsle: float = spec("root mean squared log error of the fit on those points", ge=0, example=0.031)
     reason: str = spec("why it was refitted", default="", example="rolling error 12% > 10%")
@@ -294,7 +297,7 @@ class Decision:
                                        ge=0, default=0.0, example=28.4)
     reason: str = spec("machine-readable reason code", default="", max_len=64, example="slope")
     detail: dict[str, str] = spec("reason details (which slope won, which job was shrunk, ...)",
-                                  default_factory=dict)
+                                  default_factory=dict, example={"gpu_slope": "0.31"})
 
 
 @dataclass(frozen=True)
