@@ -174,6 +174,21 @@ def convert(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any] | Non
     return value
 
 
+_PLANS: dict[type, tuple[frozenset[str], tuple[tuple[str, Any, Any, bool], ...], str]] = {}
+
+
+def _plan(cls: type):
+    plan = _PLANS.get(cls)
+    if plan is None:
+        th = hints(cls)
+        items = tuple((f.name, th[f.name], f.metadata,
+                       f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+        names = frozenset(f.name for f in fields(cls))
+        plan = (names, items, ", ".join(sorted(names)))
+        _PLANS[cls] = plan
+    return plan
+
+
 def build(cls: type, data: Any, path: str = "") -> Any:
     """Validate a decoded map against dataclass `cls` and build it.
 
@@ -182,21 +197,27 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     """
     if not isinstance(data, dict):
         raise Invalid("wrong type", path or "data", f"map ({cls.__name__})", _got(data))
-    th = hints(cls)
-    names = {f.name for f in fields(cls)}
+    names, items, names_text = _plan(cls)
     for key in data:
-        if not isinstance(key, str):
-            raise Invalid("field names must be strings", path or "data", "string", _got(key))
         if key not in names:
-            raise Invalid("unknown field", _join(path, key), "one of " + ", ".join(sorted(names)), _short(data[key]))
+            if not isinstance(key, str):
+                raise Invalid("field names must be strings", path or "data", "string", _got(key))
+            raise Invalid("unknown field", _join(path, key), "one of " + names_text, _short(data[key]))
     kwargs = {}
-    for f in fields(cls):
-        p = _join(path, f.name)
-        if f.name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise Invalid("missing required field", p, _type_name(th[f.name]), "nothing")
+    for name, tp, meta, required in items:
+        if name not in data:
+            if required:
+                raise Invalid("missing required field", _join(path, name), _type_name(tp), "nothing")
             continue
-        kwargs[f.name] = convert(th[f.name], data[f.name], p, f.metadata)
+        value = data[name]
+        vt = type(value)
+        # fast path: a plain value of exactly the declared type with nothing to check
+        if vt is tp and vt is not float and not (meta.get("ge") is not None or meta.get("gt") is not None
+                                                 or meta.get("le") is not None or meta.get("choices") is not None
+                                                 or meta.get("pattern") is not None or meta.get("max_len") is not None):
+            kwargs[name] = value
+        else:
+            kwargs[name] = convert(tp, value, _join(path, name), meta)
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:

@@ -79,3 +79,33 @@ async def test_redelivered_messages_already_in_a_file_are_skipped(js_bus, tmp_pa
     assert rec2.skipped_duplicates == 20 and rec2.rows_written == 0
     assert scan(log_dir).frame.height == 20
     assert rec.rows_written == 20
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from controlplane.recorder.rows import COLUMNS, frame, row_of  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.text(max_size=30), st.one_of(st.none(), st.text(max_size=20)))
+def test_recorder_rows_keep_any_bytes(data, subject, msg_id):
+    row = row_of(7, subject, data, msg_id, 1_700_000_000.5)
+    assert len(row) == len(COLUMNS) and row[-1] == data and row[0] == 7
+    written = frame([row])  # any row builds a frame of the log's schema
+    assert written.height == 1 and written["data"][0] == data
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["v", "id", "subject", "time", "source", "data"]),
+                       st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=10),
+                                 st.dictionaries(st.sampled_from(["job_id", "plan", "iter_time_s", "decisions",
+                                                                  "jobs", "model", "node"]),
+                                                 st.one_of(st.integers(), st.text(max_size=8), st.floats(),
+                                                           st.lists(st.text(max_size=5), max_size=3)),
+                                                 max_size=5))))
+def test_recorder_rows_of_random_envelopes(env):
+    import msgpack
+    data = msgpack.packb(env)
+    row = row_of(1, "job.submitted", data, None, 1.0)
+    assert frame([row]).height == 1
