@@ -42,7 +42,7 @@ PAYLOAD = MetricsIteration(job_id="bench-job", model_type="gpt2", iteration=0, i
                            fwd_s=0.3, bwd_s=0.6, opt_s=0.15)
 
 
-async def raw_limits(url: str, n: int) -> tuple[float, float]:
+async def raw_limits(url: str, n: int) -> tuple[float, float, float]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     await js.add_stream(api.StreamConfig(name="RAW", subjects=["raw.>"], storage=api.StorageType.FILE))
@@ -51,7 +51,12 @@ async def raw_limits(url: str, n: int) -> tuple[float, float]:
     futures = [await js.publish_async("raw.metrics", data) for _ in range(n)]
     await asyncio.gather(*futures)
     publish_rate = n / (time.perf_counter() - t0)
-    sub = await js.pull_subscribe("raw.>", durable="raw-consumer", stream="RAW")
+    # the same with a Nats-Msg-Id header on every message, which de-duplication needs
+    t0 = time.perf_counter()
+    futures = [await js.publish_async("raw.ids", data, headers={"Nats-Msg-Id": f"r-{i}"}) for i in range(n)]
+    await asyncio.gather(*futures)
+    publish_id_rate = n / (time.perf_counter() - t0)
+    sub = await js.pull_subscribe("raw.metrics", durable="raw-consumer", stream="RAW")
     got = 0
     t0 = time.perf_counter()
     while got < n:
@@ -62,7 +67,7 @@ async def raw_limits(url: str, n: int) -> tuple[float, float]:
     consume_rate = n / (time.perf_counter() - t0)
     await js.delete_stream("RAW")
     await nc.close()
-    return publish_rate, consume_rate
+    return publish_rate, publish_id_rate, consume_rate
 
 
 async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000) -> dict:
@@ -122,13 +127,15 @@ async def one_run(n: int, roll_seconds: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="rubick-bench-") as tmp:
         server = NatsServer(Path(tmp) / "nats").start()
         try:
-            raw_pub, raw_con = await raw_limits(server.url, n)
+            raw_pub, raw_pub_id, raw_con = await raw_limits(server.url, n)
             result = await end_to_end(server.url, Path(tmp) / "events", n, roll_seconds)
         finally:
             server.stop()
     result["raw_publish_rate"] = raw_pub
+    result["raw_publish_id_rate"] = raw_pub_id
     result["raw_consume_rate"] = raw_con
     result["ratio"] = result["recorded_rate"] / raw_pub
+    result["ratio_id"] = result["recorded_rate"] / raw_pub_id
     return result
 
 
@@ -138,19 +145,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--roll-seconds", type=float, default=0.5)
     args = parser.parse_args()
-    keys = ["raw_publish_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio", "p50_ms", "p99_ms",
+    keys = ["raw_publish_rate", "raw_publish_id_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio",
+            "ratio_id", "p50_ms", "p99_ms",
             "bytes_per_event", "lost", "doubled", "files"]
     runs = []
     print(f"{args.n:,} metrics.iteration events per run, {args.runs} runs, recorder roll {args.roll_seconds} s")
-    print(" ".join(f"{k:>16}" for k in keys))
+    print(" ".join(f"{k[:19]:>19}" for k in keys))
     for _ in range(args.runs):
         r = asyncio.run(one_run(args.n, args.roll_seconds))
         runs.append(r)
-        print(" ".join(f"{r[k]:>16,.2f}" if isinstance(r[k], float) else f"{r[k]:>16,}" for k in keys), flush=True)
+        print(" ".join(f"{r[k]:>19,.2f}" if isinstance(r[k], float) else f"{r[k]:>19,}" for k in keys), flush=True)
     med = {k: statistics.median(r[k] for r in runs) for k in keys}
-    print(f"median: raw publish {med['raw_publish_rate']:,.0f} msg/s, raw pull+ack {med['raw_consume_rate']:,.0f} "
+    print(f"median: raw publish {med['raw_publish_rate']:,.0f} msg/s ({med['raw_publish_id_rate']:,.0f} with "
+          f"Nats-Msg-Id), raw pull+ack {med['raw_consume_rate']:,.0f} "
           f"msg/s; end-to-end publish {med['publish_rate']:,.0f} msg/s, recorded {med['recorded_rate']:,.0f} msg/s "
-          f"= {med['ratio']:.2f} x raw publish (target >= 0.8); latency p50 {med['p50_ms']:.0f} ms, "
+          f"= {med['ratio']:.2f} x raw publish (target >= 0.8), {med['ratio_id']:.2f} x raw publish with "
+          f"Nats-Msg-Id; latency p50 {med['p50_ms']:.0f} ms, "
           f"p99 {med['p99_ms']:.0f} ms; {med['bytes_per_event']:.1f} bytes/event on disk "
           f"({runs[0]['wire_bytes']} on the wire); lost {sum(r['lost'] for r in runs)}, "
           f"doubled {sum(r['doubled'] for r in runs)}")
