@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .configs import ConfigError, batch_from_records, check_columns
+from .configs import ConfigError, check_columns
 from .env import DEFAULT_ENV_FILE, EnvError, load_env
 from .fit import FitError, fit
 from .memory import feasible, resolve_ga
 from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
 from .spec import MODELS_DIR, SpecError, load_model
-from .validate import format_report, measurements, read_table, validate
+from .validate import format_report, measurements, validate
 
 PARAMS_FORMAT = 1
 

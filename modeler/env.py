@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+
+from .yamlfile import read_yaml
 
 
 class EnvError(ValueError):
@@ -78,14 +79,7 @@ def env_from_mapping(data: Any, where: str = "environment") -> Environment:
 
 
 def load_env(path: str | Path) -> Environment:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise EnvError(f"cannot read environment file {p}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise EnvError(f"{p}: not valid YAML ({exc})") from None
-    return env_from_mapping(data, str(p))
+    return env_from_mapping(read_yaml(path, EnvError, "environment file"), str(Path(path)))
 
 
 DEFAULT_ENV_FILE = Path(__file__).resolve().parent.parent / "examples" / "envs" / "a800-8x8.yaml"

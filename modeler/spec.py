@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .yamlfile import read_yaml
 
 from controlplane.events import Invalid, ModelSpec, build
 
@@ -68,14 +68,7 @@ def model_from_mapping(data: Any, where: str = "spec") -> ModelType:
 
 
 def load_model(path: str | Path) -> ModelType:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise SpecError(f"cannot read spec file {p}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{p}: not valid YAML ({exc})") from None
-    return model_from_mapping(data, str(p))
+    return model_from_mapping(read_yaml(path, SpecError, "spec file"), str(Path(path)))
 
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"

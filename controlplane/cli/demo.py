@@ -16,7 +16,7 @@ from pathlib import Path
 from ..client import Client, load_job
 from ..eventlog import events as log_events
 from ..eventlog import scan
-from ..events import Invalid, NodeRegistered, encode, make
+from ..events import Invalid, NodeRegistered, make
 from ..models import builtin_model_types
 from ..runtime import ControlPlane, UpConfig
 from ..state import fold
@@ -56,7 +56,7 @@ async def _demo(data_dir: Path, jobs_dir: Path) -> int:
                                       gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0)
                 await client.publish(make("node.registered", node, time=0.0 + i, id=f"demo-node-{i}",
                                           source="demo-agent"))
-            print(f"registered 2 simulated nodes (8 x A800-80GB each)")
+            print("registered 2 simulated nodes (8 x A800-80GB each)")
             files = sorted(jobs_dir.glob("*.yaml")) + sorted((jobs_dir / "bad").glob("*.yaml"))
             for path in files + files[:1]:  # the first file twice: its job id is then reused
                 try:
