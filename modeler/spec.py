@@ -5,7 +5,9 @@ num_layers, hidden_size, num_heads, seq_len, global_batch_size, fwd_time_s) and 
 `vocab_size` (for the memory of the output layer), `allow_tp_across_nodes` (default false:
 tensor-parallel groups must stay inside a node) and `b_pcie_gbps` (the host <-> GPU bandwidth this
 model's offload traffic achieves, GB/s, in place of the environment's; the artifact profiles one per
-model, e.g. 0.96 GB/s for LLaMA-2-7B whose pinned-memory copies are small and many).
+model, e.g. 0.96 GB/s for LLaMA-2-7B whose pinned-memory copies are small and many) and
+`tensor_pipeline` (default true; false for a model with no tensor/pipeline-parallel implementation,
+which then runs only under DP-family plans).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .yamlfile import read_yaml
 
 from controlplane.events import Invalid, ModelSpec, build
 
-EXTRA_KEYS = ("vocab_size", "allow_tp_across_nodes", "b_pcie_gbps")
+EXTRA_KEYS = ("vocab_size", "allow_tp_across_nodes", "b_pcie_gbps", "tensor_pipeline")
 
 
 class SpecError(ValueError):
@@ -33,6 +35,8 @@ class ModelType:
     vocab_size: int = 32000
     allow_tp_across_nodes: bool = False
     b_pcie_gbps: float | None = None
+    tensor_pipeline: bool = True
+    """False: the model has no tensor/pipeline-parallel implementation (only DP-family plans)."""
 
     @property
     def name(self) -> str:
@@ -63,8 +67,11 @@ def model_from_mapping(data: Any, where: str = "spec") -> ModelType:
     if pcie is not None and (isinstance(pcie, bool) or not isinstance(pcie, (int, float)) or not pcie > 0
                              or pcie == float("inf")):
         raise SpecError(f"{where}: b_pcie_gbps must be a number > 0 (GB/s), got {pcie!r}")
+    tp_pp = data.get("tensor_pipeline", True)
+    if not isinstance(tp_pp, bool):
+        raise SpecError(f"{where}: tensor_pipeline must be true or false, got {tp_pp!r}")
     return ModelType(spec=spec, vocab_size=vocab, allow_tp_across_nodes=allow,
-                     b_pcie_gbps=None if pcie is None else float(pcie))
+                     b_pcie_gbps=None if pcie is None else float(pcie), tensor_pipeline=tp_pp)
 
 
 def load_model(path: str | Path) -> ModelType:

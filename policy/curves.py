@@ -1,0 +1,188 @@
+"""Best plans per placement and the resource sensitivity curves built from them.
+
+A job's curves depend only on its *kind*: model type, global batch and the plan space its policy
+allows. `PlanBook` caches, per kind and oracle version (a `model.updated` bumps it, which
+invalidates everything cached for that type):
+
+- `best(kind, placement, cpus_per_gpu)`: the fastest feasible plan on exactly that placement;
+- `best_within(...)`: the same, also trying the placement with GPUs taken off its smallest nodes,
+  for an allocation on which no plan uses every GPU (GPT-2's TP = 5 on a node with 8 GPUs);
+- `gpu_curve(kind, cpus_per_gpu)`: throughput of the best plan at 0..max GPUs on the tightest
+  placement (full nodes, then the remainder), as the running maximum: the curve stays flat where
+  no plan is feasible or more GPUs would be slower (paper Fig. 6);
+- `cpu_curve(kind, placement)`: throughput of the best plan at 1..max CPU threads per GPU.
+
+Throughputs are samples per second. Pure code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from controlplane.events import Plan
+from modeler.spec import ModelType
+
+from .oracle import Oracle
+from .plans import ALL_FAMILIES, canonical, enumerate_plans, restrict
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """What a job's plans and curves depend on."""
+
+    model: ModelType
+    global_batch: int
+    families: tuple[str, ...] = ALL_FAMILIES
+    template: Plan | None = None
+    """When set, only plans of the template's kind (`plans.restrict`): a policy that keeps plans."""
+    scale_dp: bool = True
+    """With a template: may DP change with the GPU count (else the exact template)."""
+
+    def plans(self, placement: tuple[int, ...]) -> tuple[Plan, ...]:
+        plans = enumerate_plans(self.model, self.global_batch, placement, self.families)
+        if self.template is not None:
+            plans = restrict(plans, self.template, scale_dp=self.scale_dp)
+        return plans
+
+    @property
+    def cache_key(self) -> tuple:
+        return (self.model.name, self.global_batch, self.families, self.template, self.scale_dp)
+
+
+@dataclass(frozen=True)
+class Best:
+    throughput: float
+    """samples/s; 0 when no plan is feasible."""
+    plan: Plan | None
+    placement: tuple[int, ...]
+    """the placement the plan uses (canonical: largest node first)."""
+
+
+NONE = Best(0.0, None, ())
+
+
+def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:
+    """The tightest placement of `gpus`: full nodes, then the remainder."""
+    full, rest = divmod(gpus, node_gpus)
+    return (node_gpus,) * full + ((rest,) if rest else ())
+
+
+def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """`placement` and the placements left by taking GPUs one at a time off its smallest nodes."""
+    cur = list(canonical(placement))
+    out = [tuple(cur)]
+    while sum(cur) > 1:
+        cur[-1] -= 1
+        if cur[-1] == 0:
+            cur.pop()
+        out.append(tuple(cur))
+    return out
+
+
+@dataclass
+class PlanBook:
+    oracle: Oracle
+    node_gpus: int = 8
+    """GPUs of a full node (the tightest placements of the curves)."""
+    max_gpus: int = 64
+    """Largest GPU count a curve covers."""
+    max_cpus_per_gpu: int = 12
+    _best: dict = field(default_factory=dict)
+    _gpu_curves: dict = field(default_factory=dict)
+    _cpu_curves: dict = field(default_factory=dict)
+    evaluations: int = 0
+
+    def _key(self, kind: JobKind) -> tuple:
+        return kind.cache_key + (self.oracle.version(kind.model.name),)
+
+    def considered(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> list[tuple[Plan, float]]:
+        """Every plan considered on `placement`, with its predicted seconds per iteration."""
+        place = canonical(placement)
+        plans = kind.plans(place)
+        times, resolved = self.oracle.evaluate(kind.model, kind.global_batch, place, cpus_per_gpu, plans)
+        self.evaluations += len(plans)
+        return list(zip(resolved, (float(t) for t in times)))
+
+    def best(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
+        place = canonical(placement)
+        key = (self._key(kind), place, cpus_per_gpu)
+        hit = self._best.get(key)
+        if hit is not None:
+            return hit
+        best = NONE
+        if place:
+            options = self.considered(kind, place, cpus_per_gpu)
+            finite = [(t, i) for i, (_, t) in enumerate(options) if np.isfinite(t) and t > 0]
+            if finite:
+                t, i = min(finite)
+                best = Best(kind.global_batch / t, options[i][0], place)
+        self._best[key] = best
+        return best
+
+    def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
+        """The best plan on `placement` or on a placement left by trimming its smallest nodes."""
+        top = NONE
+        for place in trims(tuple(placement)):
+            b = self.best(kind, place, cpus_per_gpu)
+            if b.throughput > top.throughput * (1 + 1e-9):
+                top = b
+        return top
+
+    def gpu_curve(self, kind: JobKind, cpus_per_gpu: int) -> np.ndarray:
+        """Throughput (samples/s) of the best plan at 0..max_gpus GPUs, as a running maximum."""
+        key = (self._key(kind), cpus_per_gpu)
+        curve = self._gpu_curves.get(key)
+        if curve is None:
+            raw = np.zeros(self.max_gpus + 1)
+            for g in range(1, self.max_gpus + 1):
+                raw[g] = self.best(kind, packed(g, self.node_gpus), cpus_per_gpu).throughput
+            curve = np.maximum.accumulate(raw)
+            curve.setflags(write=False)
+            self._gpu_curves[key] = curve
+        return curve
+
+    def cpu_curve(self, kind: JobKind, placement: Sequence[int]) -> np.ndarray:
+        """Throughput at 0..max_cpus_per_gpu CPU threads per GPU on `placement` (running maximum)."""
+        place = canonical(placement)
+        key = (self._key(kind), place)
+        curve = self._cpu_curves.get(key)
+        if curve is None:
+            raw = np.zeros(self.max_cpus_per_gpu + 1)
+            for c in range(1, self.max_cpus_per_gpu + 1):
+                raw[c] = self.best_within(kind, place, c).throughput
+            curve = np.maximum.accumulate(raw)
+            curve.setflags(write=False)
+            self._cpu_curves[key] = curve
+        return curve
+
+
+def slope_up(curve: np.ndarray, at: int, upto: int) -> float:
+    """Best gain per unit from `at` to any amount up to `upto` (0 when nothing more helps)."""
+    if at >= upto or at >= len(curve) - 1:
+        return 0.0
+    hi = min(upto, len(curve) - 1)
+    gains = (curve[at + 1:hi + 1] - curve[at]) / np.arange(1, hi - at + 1)
+    return float(max(gains.max(), 0.0))
+
+
+def slope_down(curve: np.ndarray, at: int, floor: int = 0) -> float:
+    """Least loss per unit from `at` down to any amount not below `floor` (the mirror of
+    `slope_up`: a job that loses little until its next valid size has a low slope)."""
+    at = min(at, len(curve) - 1)
+    if at <= floor or at <= 0:
+        return 0.0
+    lo = max(floor, 0)
+    losses = (curve[at] - curve[lo:at][::-1]) / np.arange(1, at - lo + 1)
+    return float(max(losses.min(), 0.0))
+
+
+def knee(curve: np.ndarray, upto: int | None = None) -> int:
+    """The fewest units reaching the curve's maximum (within `upto`)."""
+    hi = len(curve) - 1 if upto is None else min(upto, len(curve) - 1)
+    top = curve[hi]
+    if top <= 0:
+        return 0
+    return int(np.argmax(curve[:hi + 1] >= top * (1 - 1e-9)))

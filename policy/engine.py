@@ -1,0 +1,529 @@
+"""Algorithm 1 of the paper: one scheduling round of the Rubick policy, as pure code.
+
+    Schedule(jobs, cluster):
+      for j in jobs.privileged:                         # guaranteed, within the tenant's quota
+          ScheduleJob(j)
+      for j in SortBySlope(jobs.bestEffort + jobs.running):
+          ScheduleJob(j)
+
+    ScheduleJob(j): for each node, take its free GPUs and CPUs, then shrink the lowest-slope job
+    over its minimum by one unit at a time while that job's slope is below j's, or while j is
+    under its own minimum; shrinking to zero preempts. If j reaches its minimum, take the best
+    plan for the placement found and allocate memory last (AllocMem); otherwise undo everything.
+
+Throughputs are normalised by each job's *reference*: the predicted throughput of its owner's plan
+on the requested resources, so slopes of different models compare (1.0 = as fast as requested).
+Guaranteed jobs within their tenant's quota keep at least their reference throughput; their
+minimum demand `min_res` is the fewest GPUs (then CPUs), under any allowed plan, that reach it,
+never more than requested in any dimension (the request itself when nothing smaller reaches it).
+A tenant's quota is charged with `min_res`.
+
+Reconfiguration is not free: a running job's own growth or plan change is kept only when the time
+it saves over its remaining iterations exceeds the restart cost, counted once for the job and once
+for every running job it shrinks (`restart_cost_s`, default 78 s, the paper's average). Changes
+forced on a job (shrunk for another, node lost, guarantee) need no such gain.
+
+The same engine runs the ablations: with `fixed_resources` every job gets exactly its request or
+waits (`rubick-e`, `rubick-n`); the plan space comes from each job's `JobKind`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controlplane.events import Plan
+from modeler.configs import ConfigError
+
+from .curves import Best, JobKind, PlanBook, knee, packed, slope_down, slope_up
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class NodeCap:
+    name: str
+    gpus: int
+    cpus: int
+    mem_gb: float
+
+
+@dataclass
+class JobIn:
+    """A job as one round sees it."""
+
+    job_id: str
+    tenant: str
+    guaranteed: bool
+    kind: JobKind
+    order: int
+    requested_gpus: int
+    requested_cpus: int
+    requested_plan: Plan
+    current: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """node -> (GPUs, CPUs) decided in an earlier round."""
+    current_plan: Plan | None = None
+    running: bool = False
+    """The job has processes that a change would restart."""
+    remaining_iters: float = math.inf
+
+
+@dataclass
+class Outcome:
+    """A job's allocation and plan after the round."""
+
+    job_id: str
+    shares: dict[str, tuple[int, int, float]]
+    """node -> (GPUs, CPUs, memory GB); empty = queued or preempted."""
+    plan: Plan | None
+    throughput: float
+    reason: str
+    detail: dict[str, str]
+
+
+@dataclass
+class _Job:
+    inp: JobIn
+    cpg: int
+    curve: np.ndarray
+    """normalised GPU curve at `cpg` CPUs per GPU."""
+    ref: float
+    """reference throughput, samples/s."""
+    min_g: int = 0
+    min_c: int = 0
+    want_g: int = 0
+    privileged: bool = False
+    g_on: dict[str, int] = field(default_factory=dict)
+    c_on: dict[str, int] = field(default_factory=dict)
+    mem_on: dict[str, float] = field(default_factory=dict)
+    g: int = 0
+    best: Best | None = None
+    reason: str = ""
+    detail: dict[str, str] = field(default_factory=dict)
+    forced: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.inp.job_id
+
+    def up(self) -> float:
+        return slope_up(self.curve, self.g, self.want_g)
+
+    def down(self) -> float:
+        return slope_down(self.curve, self.g, self.min_g)
+
+
+class _Journal:
+    """Undo log for one ScheduleJob attempt."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[dict, object, object]] = []
+
+    def set(self, d: dict, key, value) -> None:
+        self.ops.append((d, key, d.get(key, _MISSING)))
+        if value is None:
+            d.pop(key, None)
+        else:
+            d[key] = value
+
+    def undo(self) -> None:
+        for d, key, old in reversed(self.ops):
+            if old is _MISSING:
+                d.pop(key, None)
+            else:
+                d[key] = old
+        self.ops.clear()
+
+
+_MISSING = object()
+
+
+@dataclass
+class RubickEngine:
+    book: PlanBook
+    restart_cost_s: float = 78.0
+    quotas: dict[str, int] | None = None
+    """GPUs per tenant for guaranteed jobs; None = the whole cluster for every tenant. A tenant
+    missing from the mapping has quota 0: its guaranteed jobs run as best-effort."""
+    fixed_resources: bool = False
+    default_cpus_per_gpu: int = 4
+    min_cpus_per_gpu: int = 1
+    mem_per_gpu_gb: float = 0.0
+    """Host memory reserved per GPU beside the plan's own need (data loaders, pinned buffers)."""
+
+    # ---------------------------------------------------------------------------------------
+    def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
+        self.nodes = {n.name: n for n in nodes}
+        self.order = [n.name for n in nodes]
+        self.free_g = {n.name: n.gpus for n in nodes}
+        self.free_c = {n.name: n.cpus for n in nodes}
+        self.free_m = {n.name: float(n.mem_gb) for n in nodes}
+        self.on_node: dict[str, set[str]] = {n.name: set() for n in nodes}
+        self.jobs: dict[str, _Job] = {}
+        for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
+            self.jobs[inp.job_id] = self._prepare(inp)
+        self._place_current()
+        self._privileged()
+        for job in self._sort_by_slope():
+            self._schedule_job(job)
+        return [self._finish(j) for j in self.jobs.values()]
+
+    # --- set-up ------------------------------------------------------------------------------
+    def _ratio(self, inp: JobIn) -> int:
+        if inp.requested_cpus > 0:
+            return max(self.min_cpus_per_gpu, inp.requested_cpus // max(1, inp.requested_gpus))
+        return self.default_cpus_per_gpu
+
+    def reference(self, inp: JobIn) -> tuple[float, int]:
+        """(reference throughput, CPUs per GPU) of the owner's plan on the requested resources."""
+        cpg = min(self._ratio(inp), self.book.max_cpus_per_gpu)
+        place = packed(inp.requested_gpus, self.book.node_gpus)
+        kind = inp.kind
+        try:
+            times, _ = self.book.oracle.evaluate(kind.model, kind.global_batch, place, cpg, [inp.requested_plan])
+        except ConfigError:  # the requested plan cannot run on its own request (e.g. TP across nodes)
+            times = np.array([np.inf])
+        if np.isfinite(times[0]) and times[0] > 0:
+            return kind.global_batch / float(times[0]), cpg
+        best = self.book.best(kind, place, cpg).throughput
+        if best > 0:
+            return best, cpg
+        return float(self.book.gpu_curve(kind, cpg).max()), cpg
+
+    def min_res(self, inp: JobIn, ref: float, cpg: int) -> tuple[int, int]:
+        """Fewest GPUs, then CPUs, reaching `ref` under any allowed plan, within the request."""
+        for g in range(1, inp.requested_gpus + 1):
+            place = packed(g, self.book.node_gpus)
+            for c in range(1, cpg + 1):
+                if self.book.best(inp.kind, place, c).throughput >= ref * (1 - 1e-6):
+                    return g, g * c
+        return inp.requested_gpus, inp.requested_gpus * cpg
+
+    def _prepare(self, inp: JobIn) -> _Job:
+        ref, cpg = self.reference(inp)
+        raw = self.book.gpu_curve(inp.kind, cpg)
+        curve = raw / ref if ref > 0 else raw * 0
+        job = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref)
+        if self.fixed_resources:
+            job.min_g = job.want_g = inp.requested_gpus
+            job.min_c = inp.requested_gpus * cpg
+        else:
+            job.want_g = max(1, knee(curve))
+        return job
+
+    def _place_current(self) -> None:
+        for job in self.jobs.values():
+            for node, (g, c) in sorted(job.inp.current.items()):
+                if node not in self.nodes or g <= 0:
+                    if g > 0:
+                        job.forced = True
+                        job.reason, job.detail = "node-lost", {"node": node}
+                    continue
+                g = min(g, self.free_g[node])
+                c = min(c, self.free_c[node])
+                if g <= 0:
+                    job.forced = True
+                    continue
+                job.g_on[node] = g
+                job.c_on[node] = c
+                job.g += g
+                self.free_g[node] -= g
+                self.free_c[node] -= c
+                self.on_node[node].add(job.id)
+            if job.g:
+                job.best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), self._cpg_of(job))
+
+    def _privileged(self) -> None:
+        used: dict[str, int] = {}
+        for job in self.jobs.values():
+            if job.inp.guaranteed and not self.fixed_resources:
+                job.min_g, job.min_c = self.min_res(job.inp, job.ref, job.cpg)
+        # running guaranteed jobs keep their guarantee, charged first
+        for job in self.jobs.values():
+            if job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g:
+                job.privileged = True
+                used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+        for job in self.jobs.values():
+            if not job.inp.guaranteed or job.g:
+                continue
+            if self._quota_left(job, used) < job.min_g:
+                job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
+                if not self.fixed_resources:
+                    job.min_g = job.min_c = 0
+                continue
+            job.privileged = True
+            if self._schedule_job(job):
+                used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+                job.reason = "guarantee"
+            else:
+                job.privileged = False
+                if not self.fixed_resources:
+                    job.min_g = job.min_c = 0
+        for job in self.jobs.values():
+            if job.inp.guaranteed and not job.privileged and not self.fixed_resources:
+                job.min_g = job.min_c = 0
+
+    def _quota(self, job: _Job) -> int:
+        if self.quotas is None:
+            return sum(n.gpus for n in self.nodes.values())
+        return int(self.quotas.get(job.inp.tenant, 0))
+
+    def _quota_left(self, job: _Job, used: dict[str, int]) -> int:
+        return self._quota(job) - used.get(job.inp.tenant, 0)
+
+    def _sort_by_slope(self) -> list[_Job]:
+        pool = [j for j in self.jobs.values() if not (j.privileged and j.g and j.reason == "guarantee")]
+        keyed = []
+        for j in pool:
+            cpu = self._cpu_slope_up(j) if j.g else 0.0
+            keyed.append((-j.up(), -cpu, j.inp.order, j.id, j))
+        keyed.sort(key=lambda k: k[:4])
+        return [k[-1] for k in keyed]
+
+    # --- CPUs ---------------------------------------------------------------------------------
+    def _cpg_of(self, job: _Job) -> int:
+        ratios = [job.c_on.get(n, 0) // g for n, g in job.g_on.items() if g > 0]
+        return max(1, min(ratios)) if ratios else job.cpg
+
+    def _cpu_curve(self, job: _Job) -> np.ndarray:
+        return self.book.cpu_curve(job.inp.kind, tuple(job.g_on.values())) / job.ref if job.ref > 0 else None
+
+    def _cpu_slope_up(self, job: _Job) -> float:
+        curve = self._cpu_curve(job)
+        if curve is None:
+            return 0.0
+        return slope_up(curve, self._cpg_of(job), len(curve) - 1)
+
+    # --- ScheduleJob -------------------------------------------------------------------------
+    def _node_order(self, job: _Job) -> list[str]:
+        mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
+        others = [n for n in self.order if n not in job.g_on]
+        others.sort(key=lambda n: -self.free_g[n])
+        return mine + others
+
+    def _over_min(self, victim: _Job) -> bool:
+        if victim.g - 1 < victim.min_g or victim.g <= 0:
+            return False
+        return not self.fixed_resources
+
+    def _lowest_slope_over_min(self, node: str, job: _Job) -> _Job | None:
+        best, best_key = None, None
+        for vid in self.on_node[node]:
+            if vid == job.id:
+                continue
+            v = self.jobs[vid]
+            if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
+                continue
+            key = (v.down(), -v.inp.order, vid)
+            if best_key is None or key < best_key:
+                best, best_key = v, key
+        return best
+
+    def _keeps_guarantee(self, v: _Job, node: str) -> bool:
+        place = [g - (1 if n == node else 0) for n, g in v.g_on.items()]
+        return self.book.best_within(v.inp.kind, tuple(place), self._cpg_of(v)).throughput >= v.ref * (1 - 1e-6)
+
+    def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
+        if src is None:
+            jr.set(self.free_g, node, self.free_g[node] - gpus)
+        else:
+            left = src.g_on[node] - gpus
+            jr.set(src.g_on, node, left if left > 0 else None)
+            jr.set(src.__dict__, "g", src.g - gpus)
+            keep_c = min(src.c_on.get(node, 0), left * max(1, src.c_on.get(node, 0) // max(1, src.g_on.get(node, 1) + gpus)))
+            if left <= 0:
+                keep_c = 0
+            freed = src.c_on.get(node, 0) - keep_c
+            jr.set(src.c_on, node, keep_c if left > 0 else None)
+            jr.set(self.free_c, node, self.free_c[node] + freed)
+            if left <= 0:
+                jr.set(self.on_node, node, self.on_node[node] - {src.id})
+        jr.set(dst.g_on, node, dst.g_on.get(node, 0) + gpus)
+        jr.set(dst.__dict__, "g", dst.g + gpus)
+        if dst.id not in self.on_node[node]:
+            jr.set(self.on_node, node, self.on_node[node] | {dst.id})
+
+    def _schedule_job(self, job: _Job) -> bool:
+        if job.g >= job.want_g and job.g >= job.min_g:
+            return job.g > 0
+        jr = _Journal()
+        before = (dict(job.g_on), dict(job.c_on), job.best)
+        victims: dict[str, _Job] = {}
+        need = lambda: job.want_g - job.g  # noqa: E731
+        for node in self._node_order(job):
+            if need() <= 0:
+                break
+            take = min(self.free_g[node], need())
+            if take > 0:
+                self._move(jr, node, None, job, take)
+            while need() > 0:
+                victim = self._lowest_slope_over_min(node, job)
+                if victim is None:
+                    break
+                if victim.down() + EPS < job.up() or job.g < job.min_g:
+                    self._move(jr, node, victim, job, 1)
+                    victims[victim.id] = victim
+                else:
+                    break
+        if job.g < max(1, job.min_g):
+            jr.undo()
+            return False
+        if not self._settle(jr, job):
+            jr.undo()
+            return False
+        if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
+            jr.undo()
+            job.g_on, job.c_on, job.best = before
+            return True
+        for v in victims.values():
+            v.forced = True
+            v.reason = "shrunk" if v.g else "preempted"
+            v.detail = {"by": job.id, "slope": f"{v.down():.4g}"}
+        if victims and not job.reason:
+            job.detail = {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"}
+        return True
+
+    def _settle(self, jr: _Journal, job: _Job) -> bool:
+        """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
+        and memory (AllocMem). False when no plan fits or the guarantee is not met."""
+        cpg = self._cpg_of(job) if job.c_on else job.cpg
+        best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), max(cpg, job.cpg))
+        if best.plan is None:
+            return False
+        if job.privileged and best.throughput < job.ref * (1 - 1e-6):
+            return False
+        self._trim(jr, job, best.placement)
+        if not self._alloc_cpus(jr, job):
+            return False
+        best = self.book.best(job.inp.kind, best.placement, self._cpg_of(job))
+        if best.plan is None or (job.privileged and best.throughput < job.ref * (1 - 1e-6)):
+            return False
+        if not self._alloc_mem(jr, job, best):
+            return False
+        jr.set(job.__dict__, "best", best)
+        return True
+
+    def _trim(self, jr: _Journal, job: _Job, placement: tuple[int, ...]) -> None:
+        nodes = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
+        for i, node in enumerate(nodes):
+            keep = placement[i] if i < len(placement) else 0
+            extra = job.g_on[node] - keep
+            if extra > 0:
+                jr.set(self.free_g, node, self.free_g[node] + extra)
+                jr.set(job.__dict__, "g", job.g - extra)
+                jr.set(job.g_on, node, keep if keep > 0 else None)
+                if keep <= 0:
+                    jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
+                    jr.set(job.c_on, node, None)
+                    jr.set(self.on_node, node, self.on_node[node] - {job.id})
+
+    def _alloc_cpus(self, jr: _Journal, job: _Job) -> bool:
+        """CPUs per GPU: the fewest reaching the top of the job's CPU curve (at least its minimum),
+        from free CPUs first, then from jobs on the node whose CPU slope is lower."""
+        curve = self.book.cpu_curve(job.inp.kind, tuple(job.g_on.values()))
+        want = max(knee(curve), self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
+        if self.fixed_resources or job.inp.requested_cpus:
+            want = max(want, job.cpg) if self.fixed_resources else want
+        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
+        for node in sorted(job.g_on):
+            target = job.g_on[node] * want
+            have = job.c_on.get(node, 0)
+            if have > target:
+                jr.set(self.free_c, node, self.free_c[node] + have - target)
+                jr.set(job.c_on, node, target)
+                continue
+            take = min(self.free_c[node], target - have)
+            if take > 0:
+                jr.set(self.free_c, node, self.free_c[node] - take)
+                jr.set(job.c_on, node, have + take)
+            short = target - job.c_on.get(node, 0)
+            if short > 0:
+                self._reclaim_cpus(jr, node, job, short)
+            if job.c_on.get(node, 0) < job.g_on[node] * floor:
+                return False
+        return True
+
+    def _reclaim_cpus(self, jr: _Journal, node: str, job: _Job, short: int) -> None:
+        gain_curve = self._cpu_curve(job)
+        for vid in sorted(self.on_node[node]):
+            if short <= 0:
+                return
+            v = self.jobs[vid]
+            if vid == job.id or not v.g_on.get(node):
+                continue
+            spare = v.c_on.get(node, 0) - v.g_on[node] * max(self.min_cpus_per_gpu,
+                                                            -(-v.min_c // max(1, v.g)) if v.min_c else 0)
+            if spare <= 0:
+                continue
+            v_curve = self._cpu_curve(v)
+            loss = slope_down(v_curve, self._cpg_of(v)) if v_curve is not None else 0.0
+            gain = slope_up(gain_curve, self._cpg_of(job), len(gain_curve) - 1) if gain_curve is not None else 0.0
+            if loss + EPS >= gain and job.c_on.get(node, 0) >= job.g_on[node] * self.min_cpus_per_gpu:
+                continue
+            give = min(spare, short)
+            jr.set(v.c_on, node, v.c_on[node] - give)
+            jr.set(job.c_on, node, job.c_on.get(node, 0) + give)
+            short -= give
+            v.forced = True
+
+    def _alloc_mem(self, jr: _Journal, job: _Job, best: Best) -> bool:
+        need = self.book.oracle.host_mem_gb(job.inp.kind.model, job.inp.kind.global_batch, best.placement,
+                                            best.plan) if best.plan.offload else 0.0
+        per_node = need / max(1, len(job.g_on))
+        for node in sorted(job.g_on):
+            want = per_node + self.mem_per_gpu_gb * job.g_on[node]
+            have = job.mem_on.get(node, 0.0)
+            if self.free_m[node] + have < want - 1e-9:
+                return False
+            jr.set(self.free_m, node, self.free_m[node] + have - want)
+            jr.set(job.mem_on, node, want)
+        for node in [n for n in job.mem_on if n not in job.g_on]:
+            jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+            jr.set(job.mem_on, node, None)
+        return True
+
+    def _worth_it(self, job: _Job, old: Best | None, victims: dict[str, _Job]) -> bool:
+        """The restart rule for a running job's own change."""
+        if old is None or old.throughput <= 0 or job.best is None:
+            return True
+        if job.best.throughput <= old.throughput * (1 + 1e-9):
+            return False
+        gbs = job.inp.kind.global_batch
+        saved = job.inp.remaining_iters * (gbs / old.throughput - gbs / job.best.throughput)
+        restarts = 1 + sum(1 for v in victims.values() if v.inp.running)
+        return saved > self.restart_cost_s * restarts
+
+    # --- the end of the round -----------------------------------------------------------------
+    def _finish(self, job: _Job) -> Outcome:
+        if job.g <= 0:
+            reason = job.reason if job.reason in ("preempted", "node-lost") else (job.reason or "queued")
+            if job.inp.current and reason == "queued":
+                reason = "preempted"
+            return Outcome(job.id, {}, None, 0.0, reason, job.detail)
+        cpg = self._cpg_of(job)
+        best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), cpg)
+        if best.plan is None:
+            return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"})
+        plan = best.plan
+        cur = job.inp.current_plan
+        same_alloc = {n: (g, job.c_on.get(n, 0)) for n, g in job.g_on.items()} == \
+            {n: gc for n, gc in job.inp.current.items() if gc[0] > 0}
+        if cur is not None and same_alloc and plan != cur and not job.forced and job.inp.running:
+            old = self.book.oracle.evaluate(job.inp.kind.model, job.inp.kind.global_batch, best.placement, cpg, [cur])
+            t_old = float(old[0][0]) if len(old[0]) else math.inf
+            gbs = job.inp.kind.global_batch
+            if math.isfinite(t_old) and job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s:
+                plan, tput = cur, gbs / t_old
+                return self._outcome(job, plan, tput, best)
+        return self._outcome(job, plan, best.throughput, best)
+
+    def _outcome(self, job: _Job, plan: Plan, tput: float, best: Best) -> Outcome:
+        used = dict(zip(sorted(job.g_on, key=lambda n: (-job.g_on[n], n)), best.placement))
+        shares = {n: (g, job.c_on.get(n, 0), round(job.mem_on.get(n, 0.0), 3)) for n, g in used.items() if g > 0}
+        reason = job.reason or ("start" if not job.inp.current else "keep")
+        detail = dict(job.detail)
+        detail.setdefault("slope", f"{slope_down(job.curve, job.g):.4g}")
+        detail["normalised"] = f"{tput / job.ref:.4g}" if job.ref > 0 else "0"
+        return Outcome(job.id, shares, plan, tput, reason, detail)

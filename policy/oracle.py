@@ -1,0 +1,117 @@
+"""What the policy believes about iteration times: an `Oracle`.
+
+The policy asks one question, many times per round: "for this model at this global batch, on this
+placement with this many CPU threads per GPU, how long does one iteration of each of these plans
+take?" An oracle answers seconds per iteration (`inf` where the plan does not fit or is unknown)
+and the plans with their GA steps filled in (the fewest that fit in GPU memory).
+
+- `ModelOracle`: the fitted performance model and memory estimator of `modeler/` (live default).
+  `update(ModelUpdated)` takes new parameters and bumps the type's version, which invalidates the
+  policy's cached curves.
+- `TableOracle`: measured iteration times (`modeler.table.MeasuredTable`); a configuration never
+  measured is unknown (`inf`). The paper's checks (Fig. 7, Fig. 8) use it.
+
+Pure code: no I/O after construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from controlplane.events import ModelUpdated, Plan
+from modeler.configs import Config, ConfigBatch
+from modeler.env import Environment
+from modeler.memory import feasible as memory_feasible
+from modeler.memory import host_bytes, resolve_ga
+from modeler.perf_model import PerfParams, t_iter
+from modeler.spec import ModelType
+from modeler.table import MeasuredTable
+
+
+class Oracle(Protocol):
+    def version(self, model_type: str) -> int: ...
+
+    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]: ...
+
+    def host_mem_gb(self, model: ModelType, global_batch: int, placement: tuple[int, ...],
+                    plan: Plan) -> float: ...
+
+
+def _batch(model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+           plans: Sequence[Plan], ga_auto: bool) -> ConfigBatch:
+    return ConfigBatch.from_configs(
+        [Config(plan=p, gpus_per_node=placement, cpus_per_gpu=cpus_per_gpu, global_batch_size=global_batch,
+                ga_auto=ga_auto) for p in plans],
+        allow_tp_across_nodes=model.allow_tp_across_nodes)
+
+
+def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
+    return tuple(p if p.ga_steps == int(a) else replace(p, ga_steps=int(a)) for p, a in zip(plans, ga))
+
+
+@dataclass
+class _MemoryMixin:
+    env: Environment
+
+    def host_mem_gb(self, model: ModelType, global_batch: int, placement: tuple[int, ...], plan: Plan) -> float:
+        """Host memory the plan needs for model states (all nodes together), GB."""
+        batch = _batch(model, global_batch, placement, self.env.default_cpus_per_gpu, [plan], False)
+        return float(host_bytes(model, batch)[0]) / 1e9
+
+    def resolved(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+                 plans: Sequence[Plan]) -> tuple[ConfigBatch, np.ndarray]:
+        batch = resolve_ga(model, self.env, _batch(model, global_batch, placement, cpus_per_gpu, plans, True))
+        return batch, memory_feasible(model, self.env, batch)
+
+
+@dataclass
+class ModelOracle(_MemoryMixin):
+    """Predictions of the fitted performance model; default parameters for a type never fitted."""
+
+    params: dict[str, PerfParams] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def version(self, model_type: str) -> int:
+        return self.versions.get(model_type, 0)
+
+    def update(self, upd: ModelUpdated) -> None:
+        self.params[upd.model_type] = PerfParams.from_dict(dict(upd.params))
+        self.versions[upd.model_type] = self.versions.get(upd.model_type, 0) + 1
+
+    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:
+        if not plans:
+            return np.zeros(0), ()
+        batch, ok = self.resolved(model, global_batch, placement, cpus_per_gpu, plans)
+        params = self.params.get(model.name, PerfParams())
+        times = np.where(ok, t_iter(model, self.env, params, batch), np.inf)
+        return times, _with_ga(plans, batch.ga_steps)
+
+
+@dataclass
+class TableOracle(_MemoryMixin):
+    """Measured iteration times; unknown where the table has no row. `aliases` maps a job's model
+    type to the table's model key (e.g. a spec named `t5-3b` measured as `t5_3B`)."""
+
+    table: MeasuredTable = field(default_factory=MeasuredTable)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def version(self, model_type: str) -> int:
+        return 0
+
+    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:
+        if not plans:
+            return np.zeros(0), ()
+        key = self.aliases.get(model.name, model.name)
+        batch, _ = self.resolved(model, global_batch, placement, cpus_per_gpu, plans)
+        times = np.empty(len(plans))
+        for i, p in enumerate(plans):
+            t = self.table.iter_time(key, p, placement, cpus_per_gpu)
+            times[i] = math.inf if t is None else t
+        return times, _with_ga(plans, batch.ga_steps)

@@ -1,0 +1,188 @@
+"""The policy core: folds events, runs scheduling rounds, publishes `plan.decided`.
+
+A round runs on every accepted `job.submitted`, `job.completed`, `job.failed`, `node.registered`,
+`node.lost` and `model.updated`; a `clock.tick` runs one only when something changed since the
+last round (a preemption, a restart, new measurements), so an idle cluster costs nothing. A round's
+`plan.decided` lists only the jobs whose allocation or plan changed; nothing is published when
+nothing changed.
+
+A job no plan can run on the cluster at any size (too big even with ZeRO-Offload on every GPU) is
+refused with `job.rejected` naming why, never left queued silently.
+
+Pure core (DESIGN.md): time comes from the events, iteration is in stable order, the event ids of
+what it publishes are derived from the round number, so replaying the same inputs reproduces
+every `plan.decided` byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from controlplane.events import Decision, Event, NodeShare, PlanDecided, Rejected, make
+from controlplane.state import ClusterState, JobState
+from modeler.spec import ModelType, SpecError
+
+from .curves import JobKind
+from .engine import JobIn, NodeCap, Outcome
+from .oracle import ModelOracle, Oracle
+
+ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.registered", "node.lost",
+                       "model.updated"})
+DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
+
+
+@dataclass
+class Progress:
+    iterations: int = 0
+    at: float = 0.0
+    iter_time_s: float | None = None
+
+
+@dataclass
+class PolicyCore:
+    """`policy`: one of `policy.registry.POLICIES`, built by `make_policy`."""
+
+    policy: str
+    engine: object
+    """has `schedule(nodes, jobs) -> list[Outcome]` and a `book` (PlanBook)."""
+    kind_of: Callable[[ModelType, int, object], JobKind]
+    models: dict[str, ModelType]
+    oracle: Oracle
+    name: str = "policy"
+    subjects: tuple[str, ...] = ("job.>", "node.>", "metrics.iteration", "model.updated", "clock.tick")
+    state: ClusterState = field(default_factory=ClusterState)
+    progress: dict[str, Progress] = field(default_factory=dict)
+    round: int = 0
+    dirty: bool = False
+    order: dict[str, int] = field(default_factory=dict)
+    last: dict[str, Outcome] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.state.known_models |= set(self.models)
+
+    # --- events ---------------------------------------------------------------------------
+    def handle(self, event: Event) -> list[Event]:
+        base = event.base
+        if base == "plan.decided":
+            return []
+        known_before = event.payload.job_id in self.state.jobs if base == "job.submitted" else False
+        self.state.apply(event)
+        out: list[Event] = []
+        if base == "job.submitted":
+            job = self.state.jobs.get(event.payload.job_id)
+            if job is None or known_before:
+                return []
+            self.order[job.job_id] = len(self.order)
+            why = self._cannot_run(job, event)
+            if why is not None:
+                self.state.jobs.pop(job.job_id, None)
+                self.state.rejected[job.job_id] = why
+                return [make("job.rejected", Rejected(subject="job.submitted", reason=why, field="model",
+                                                      event_id=event.id, job_id=job.job_id),
+                             time=event.time, id=f"policy-rej-{event.id}", source=self.name)]
+        elif base == "model.updated" and isinstance(self.oracle, ModelOracle):
+            self.oracle.update(event.payload)
+        elif base == "metrics.iteration":
+            m = event.payload
+            p = self.progress.setdefault(m.job_id, Progress())
+            p.iterations, p.at, p.iter_time_s = max(p.iterations, m.iteration + 1), event.time, m.iter_time_s
+        elif base in ("job.started", "job.reconfigured"):
+            p = self.progress.setdefault(event.payload.job_id, Progress())
+            p.at = event.time
+        elif base == "job.preempted":
+            p = self.progress.setdefault(event.payload.job_id, Progress())
+            p.iterations, p.at = max(p.iterations, event.payload.iterations_done), event.time
+        if base in ("job.completed", "job.failed"):
+            self.last.pop(event.payload.job_id, None)
+        if base in ROUND_NOW or (base == "clock.tick" and self.dirty):
+            out.extend(self.run_round(event))
+        elif base in DIRTY:
+            self.dirty = True
+        return out
+
+    # --- what a job is to the engine ------------------------------------------------------------
+    def model_of(self, job: JobState) -> ModelType | None:
+        model = self.models.get(job.model_type)
+        if model is None and job.spec is not None:
+            model = ModelType(spec=job.spec)
+            self.models[job.model_type] = model
+        return model
+
+    def _cannot_run(self, job: JobState, event: Event) -> str | None:
+        model = self.model_of(job)
+        if model is None:
+            return f"unknown model type {job.model_type!r}"
+        try:
+            model.fwd_time_s
+        except SpecError as exc:
+            return f"{exc}; profile the model type first (rubick profile)"
+        book = self.engine.book
+        kind = self.kind_of(model, job.global_batch_size, job.requested_plan)
+        nodes = self.state.alive_nodes()
+        cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
+        cpg = min(cpg, book.max_cpus_per_gpu)
+        if book.gpu_curve(kind, cpg).max() <= 0 and book.gpu_curve(kind, 1).max() <= 0:
+            return (f"model {job.model_type} cannot run on any node: no execution plan fits in memory "
+                    f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload")
+        return None
+
+    def job_in(self, job: JobState, t: float) -> JobIn | None:
+        model = self.model_of(job)
+        if model is None:
+            return None
+        current = {s.node: (s.gpus, s.cpus) for s in job.decided_allocation if s.gpus > 0}
+        prog = self.progress.get(job.job_id, Progress())
+        done = max(prog.iterations, job.iterations_done)
+        if job.status == "running" and prog.iter_time_s:
+            done += max(0.0, t - prog.at) / prog.iter_time_s
+        remaining = max(0.0, job.target_iterations - done)
+        return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
+                     kind=self.kind_of(model, job.global_batch_size, job.requested_plan),
+                     order=self.order.get(job.job_id, len(self.order)), requested_gpus=job.requested.gpus,
+                     requested_cpus=job.requested.cpus, requested_plan=job.requested_plan, current=current,
+                     current_plan=job.decided_plan if current else None, running=job.status == "running",
+                     remaining_iters=remaining if remaining > 0 else math.inf)
+
+    # --- a round -------------------------------------------------------------------------------
+    def run_round(self, event: Event) -> list[Event]:
+        self.dirty = False
+        nodes = [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in self.state.alive_nodes()]
+        jobs = [j for j in (self.job_in(js, event.time) for js in self.state.jobs_in("queued", "running",
+                                                                                        "preempted")) if j]
+        outcomes = self.engine.schedule(nodes, jobs) if nodes else []
+        decisions = []
+        for o in sorted(outcomes, key=lambda o: o.job_id):
+            prev = self.last.get(o.job_id)
+            job = self.state.jobs[o.job_id]
+            if prev is None and not o.shares and not job.decided_allocation:
+                self.last[o.job_id] = o
+                continue
+            if prev is not None and prev.shares == o.shares and prev.plan == o.plan:
+                continue
+            self.last[o.job_id] = o
+            decisions.append(to_decision(o))
+        if not decisions:
+            return []
+        self.round += 1
+        payload = PlanDecided(round=self.round, policy=self.policy, decisions=tuple(decisions))
+        decided = make("plan.decided", payload, time=event.time, id=f"{self.policy}-round-{self.round}",
+                       source=self.name)
+        self.state.apply(decided)
+        return [decided]
+
+    def explain(self, job_id: str, t: float | None = None) -> dict:
+        from .explain import explain_job
+        return explain_job(self, job_id, self.state.time if t is None else t)
+
+
+def to_decision(o: Outcome) -> Decision:
+    alloc = tuple(NodeShare(node=n, gpus=g, cpus=c, mem_gb=float(m)) for n, (g, c, m) in sorted(o.shares.items()))
+    return Decision(job_id=o.job_id, allocation=alloc, plan=o.plan if alloc else None,
+                    predicted_throughput=round(float(o.throughput), 6) if alloc else 0.0,
+                    reason=o.reason[:64], detail={k: str(v)[:200] for k, v in sorted(o.detail.items())})
+
+
+def known_models(models: Mapping[str, ModelType]) -> dict[str, ModelType]:
+    return {k: models[k] for k in sorted(models)}
