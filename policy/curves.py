@@ -18,6 +18,7 @@ Throughputs are samples per second. Pure code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -47,7 +48,7 @@ class JobKind:
             plans = restrict(plans, self.template, scale_dp=self.scale_dp)
         return plans
 
-    @property
+    @cached_property
     def cache_key(self) -> tuple:
         return (self.model.name, self.global_batch, self.families, self.template, self.scale_dp)
 
@@ -62,6 +63,7 @@ class Best:
 
 
 NONE = Best(0.0, None, ())
+_MISSING = object()
 
 
 def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:
@@ -93,10 +95,20 @@ class PlanBook:
     _best: dict = field(default_factory=dict)
     _gpu_curves: dict = field(default_factory=dict)
     _cpu_curves: dict = field(default_factory=dict)
+    _derived: dict = field(default_factory=dict)
+    _within: dict = field(default_factory=dict)
     evaluations: int = 0
 
     def _key(self, kind: JobKind) -> tuple:
         return kind.cache_key + (self.oracle.version(kind.model.name),)
+
+    def memo(self, kind: JobKind, what: tuple, compute):
+        """A value derived from `kind`'s curves, cached until its model type is refitted."""
+        key = (self._key(kind),) + what
+        hit = self._derived.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = self._derived[key] = compute()
+        return hit
 
     def considered(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> list[tuple[Plan, float]]:
         """Every plan considered on `placement`, with its predicted seconds per iteration."""
@@ -110,22 +122,50 @@ class PlanBook:
         place = canonical(placement)
         key = (self._key(kind), place, cpus_per_gpu)
         hit = self._best.get(key)
-        if hit is not None:
-            return hit
-        best = NONE
-        if place:
-            options = self.considered(kind, place, cpus_per_gpu)
-            finite = [(t, i) for i, (_, t) in enumerate(options) if np.isfinite(t) and t > 0]
-            if finite:
-                t, i = min(finite)
-                best = Best(kind.global_batch / t, options[i][0], place)
-        self._best[key] = best
-        return best
+        if hit is None:
+            self.fill(kind, [(place, cpus_per_gpu)])
+            hit = self._best[key]
+        return hit
+
+    def fill(self, kind: JobKind, wanted: Sequence[tuple[tuple[int, ...], int]]) -> None:
+        """Find the best plans of many (placement, CPUs per GPU) in one oracle call."""
+        vkey = self._key(kind)
+        todo, items, spans = [], [], []
+        for place, cpg in wanted:
+            place = canonical(place)
+            if (vkey, place, cpg) in self._best or (place, cpg) in todo:
+                continue
+            plans = kind.plans(place) if place else ()
+            spans.append((len(items), len(items) + len(plans)))
+            items.extend((place, cpg, p) for p in plans)
+            todo.append((place, cpg))
+        if not todo:
+            return
+        times, resolved = self.oracle.evaluate_many(kind.model, kind.global_batch, items)
+        self.evaluations += len(items)
+        for (place, cpg), (lo, hi) in zip(todo, spans):
+            best = NONE
+            if hi > lo:
+                seg = times[lo:hi]
+                ok = np.isfinite(seg) & (seg > 0)
+                if ok.any():
+                    i = int(np.argmin(np.where(ok, seg, np.inf)))
+                    best = Best(kind.global_batch / float(seg[i]), resolved[lo + i], place)
+            self._best[(vkey, place, cpg)] = best
 
     def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         """The best plan on `placement` or on a placement left by trimming its smallest nodes."""
+        key = (self._key(kind), canonical(placement), cpus_per_gpu)
+        hit = self._within.get(key)
+        if hit is None:
+            hit = self._within[key] = self._best_within(kind, placement, cpus_per_gpu)
+        return hit
+
+    def _best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         top = NONE
-        for place in trims(tuple(placement)):
+        options = trims(tuple(placement))
+        self.fill(kind, [(p, cpus_per_gpu) for p in options])
+        for place in options:
             b = self.best(kind, place, cpus_per_gpu)
             if b.throughput > top.throughput * (1 + 1e-9):
                 top = b
@@ -137,8 +177,10 @@ class PlanBook:
         curve = self._gpu_curves.get(key)
         if curve is None:
             raw = np.zeros(self.max_gpus + 1)
-            for g in range(1, self.max_gpus + 1):
-                raw[g] = self.best(kind, packed(g, self.node_gpus), cpus_per_gpu).throughput
+            places = [packed(g, self.node_gpus) for g in range(1, self.max_gpus + 1)]
+            self.fill(kind, [(p, cpus_per_gpu) for p in places])
+            for g, place in enumerate(places, start=1):
+                raw[g] = self.best(kind, place, cpus_per_gpu).throughput
             curve = np.maximum.accumulate(raw)
             curve.setflags(write=False)
             self._gpu_curves[key] = curve
@@ -151,8 +193,14 @@ class PlanBook:
         curve = self._cpu_curves.get(key)
         if curve is None:
             raw = np.zeros(self.max_cpus_per_gpu + 1)
-            for c in range(1, self.max_cpus_per_gpu + 1):
-                raw[c] = self.best_within(kind, place, c).throughput
+            offload = kind.template.offload if kind.template is not None else \
+                any(f.startswith("zero-offload") for f in kind.families)
+            if offload:
+                self.fill(kind, [(place, c) for c in range(1, self.max_cpus_per_gpu + 1)])
+                for c in range(1, self.max_cpus_per_gpu + 1):
+                    raw[c] = self.best(kind, place, c).throughput
+            else:  # only ZeRO-Offload runs anything on the CPUs: the curve is flat
+                raw[1:] = self.best(kind, place, 1).throughput
             curve = np.maximum.accumulate(raw)
             curve.setflags(write=False)
             self._cpu_curves[key] = curve
@@ -177,6 +225,16 @@ def slope_down(curve: np.ndarray, at: int, floor: int = 0) -> float:
     lo = max(floor, 0)
     losses = (curve[at] - curve[lo:at][::-1]) / np.arange(1, at - lo + 1)
     return float(max(losses.min(), 0.0))
+
+
+def up_table(curve: np.ndarray, upto: int) -> np.ndarray:
+    """`slope_up(curve, g, upto)` for every g."""
+    return np.array([slope_up(curve, g, upto) for g in range(len(curve))])
+
+
+def down_table(curve: np.ndarray, floor: int) -> np.ndarray:
+    """`slope_down(curve, g, floor)` for every g."""
+    return np.array([slope_down(curve, g, floor) for g in range(len(curve))])
 
 
 def knee(curve: np.ndarray, upto: int | None = None) -> int:

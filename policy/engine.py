@@ -37,7 +37,7 @@ import numpy as np
 from controlplane.events import Plan
 from modeler.configs import ConfigError
 
-from .curves import Best, JobKind, PlanBook, knee, packed, slope_down, slope_up
+from .curves import Best, JobKind, PlanBook, down_table, knee, packed, slope_down, slope_up, up_table
 
 EPS = 1e-9
 
@@ -108,11 +108,18 @@ class _Job:
     def id(self) -> str:
         return self.inp.job_id
 
+    up_tab: np.ndarray | None = None
+    down_tab: np.ndarray | None = None
+
     def up(self) -> float:
-        return slope_up(self.curve, self.g, self.want_g)
+        if self.g >= self.want_g or self.g >= len(self.up_tab):
+            return 0.0
+        return float(self.up_tab[self.g])
 
     def down(self) -> float:
-        return slope_down(self.curve, self.g, self.min_g)
+        if self.g <= self.min_g:
+            return 0.0
+        return float(self.down_tab[min(self.g, len(self.down_tab) - 1)])
 
 
 class _Journal:
@@ -162,11 +169,19 @@ class RubickEngine:
         self.free_m = {n.name: float(n.mem_gb) for n in nodes}
         self.on_node: dict[str, set[str]] = {n.name: set() for n in nodes}
         self.jobs: dict[str, _Job] = {}
+        self.placed: dict[str, _Job] = {}
+        """jobs holding GPUs (a superset: entries may have dropped to zero)."""
+        self.min_down = 0.0
+        """a lower bound of the slopes of all jobs over their minimum (no shrink below it helps)."""
+        self._free_list: list[str] | None = None
         for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
             self.jobs[inp.job_id] = self._prepare(inp)
         self._place_current()
         self._privileged()
-        for job in self._sort_by_slope():
+        queue = self._sort_by_slope()
+        over = [j.down() for j in self.placed.values() if j.g and self._over_min(j)]
+        self.min_down = min(over) if over else math.inf
+        for job in queue:
             self._schedule_job(job)
         return [self._finish(j) for j in self.jobs.values()]
 
@@ -202,16 +217,34 @@ class RubickEngine:
         return inp.requested_gpus, inp.requested_gpus * cpg
 
     def _prepare(self, inp: JobIn) -> _Job:
-        ref, cpg = self.reference(inp)
-        raw = self.book.gpu_curve(inp.kind, cpg)
-        curve = raw / ref if ref > 0 else raw * 0
+        book, kind = self.book, inp.kind
+        ref, cpg = book.memo(kind, ("ref", inp.requested_plan, inp.requested_gpus, self._ratio(inp)),
+                             lambda: self.reference(inp))
+        curve = book.memo(kind, ("norm", cpg, ref), lambda: self._normalised(kind, cpg, ref))
         job = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref)
         if self.fixed_resources:
             job.min_g = job.want_g = inp.requested_gpus
             job.min_c = inp.requested_gpus * cpg
         else:
             job.want_g = max(1, knee(curve))
+        if inp.guaranteed and not self.fixed_resources:
+            job.min_g, job.min_c = book.memo(kind, ("min", inp.requested_plan, inp.requested_gpus, cpg, ref),
+                                             lambda: self.min_res(inp, ref, cpg))
+        self._tables(job)
         return job
+
+    def _normalised(self, kind: JobKind, cpg: int, ref: float) -> np.ndarray:
+        raw = self.book.gpu_curve(kind, cpg)
+        curve = raw / ref if ref > 0 else raw * 0
+        curve.setflags(write=False)
+        return curve
+
+    def _tables(self, job: _Job) -> None:
+        kind = job.inp.kind
+        job.up_tab = self.book.memo(kind, ("up", job.cpg, job.ref, job.want_g),
+                                    lambda: up_table(job.curve, job.want_g))
+        job.down_tab = self.book.memo(kind, ("down", job.cpg, job.ref, job.min_g),
+                                      lambda: down_table(job.curve, job.min_g))
 
     def _place_current(self) -> None:
         for job in self.jobs.values():
@@ -232,14 +265,12 @@ class RubickEngine:
                 self.free_g[node] -= g
                 self.free_c[node] -= c
                 self.on_node[node].add(job.id)
+                self.placed[job.id] = job
             if job.g:
                 job.best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), self._cpg_of(job))
 
     def _privileged(self) -> None:
         used: dict[str, int] = {}
-        for job in self.jobs.values():
-            if job.inp.guaranteed and not self.fixed_resources:
-                job.min_g, job.min_c = self.min_res(job.inp, job.ref, job.cpg)
         # running guaranteed jobs keep their guarantee, charged first
         for job in self.jobs.values():
             if job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g:
@@ -250,8 +281,7 @@ class RubickEngine:
                 continue
             if self._quota_left(job, used) < job.min_g:
                 job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
-                if not self.fixed_resources:
-                    job.min_g = job.min_c = 0
+                self._best_effort(job)
                 continue
             job.privileged = True
             if self._schedule_job(job):
@@ -259,11 +289,16 @@ class RubickEngine:
                 job.reason = "guarantee"
             else:
                 job.privileged = False
-                if not self.fixed_resources:
-                    job.min_g = job.min_c = 0
+                self._best_effort(job)
         for job in self.jobs.values():
-            if job.inp.guaranteed and not job.privileged and not self.fixed_resources:
-                job.min_g = job.min_c = 0
+            if job.inp.guaranteed and not job.privileged:
+                self._best_effort(job)
+
+    def _best_effort(self, job: _Job) -> None:
+        """A guaranteed job outside its quota runs as best-effort: no minimum."""
+        if not self.fixed_resources and (job.min_g or job.min_c):
+            job.min_g = job.min_c = 0
+            self._tables(job)
 
     def _quota(self, job: _Job) -> int:
         if self.quotas is None:
@@ -297,11 +332,28 @@ class RubickEngine:
         return slope_up(curve, self._cpg_of(job), len(curve) - 1)
 
     # --- ScheduleJob -------------------------------------------------------------------------
+    def _free_nodes(self) -> list[str]:
+        """Nodes with free GPUs, most free first (cached until free GPUs change)."""
+        if self._free_list is None:
+            self._free_list = sorted((n for n in self.order if self.free_g[n] > 0), key=lambda n: -self.free_g[n])
+        return self._free_list
+
     def _node_order(self, job: _Job) -> list[str]:
+        """Nodes to visit: the job's own, then those with free GPUs, then those holding a job it
+        may shrink (a lower slope than its own, or any over its minimum while it is under its own)."""
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
-        others = [n for n in self.order if n not in job.g_on]
-        others.sort(key=lambda n: -self.free_g[n])
-        return mine + others
+        seen = set(mine)
+        order = mine + [n for n in self._free_nodes() if n not in seen]
+        seen.update(order)
+        under = job.g < job.min_g
+        up = job.up()
+        if under or up > self.min_down + EPS:
+            shrinkable = set()
+            for v in self.placed.values():
+                if v is not job and v.g and self._over_min(v) and (under or v.down() + EPS < up):
+                    shrinkable.update(v.g_on)
+            order += sorted(shrinkable - seen)
+        return order
 
     def _over_min(self, victim: _Job) -> bool:
         if victim.g - 1 < victim.min_g or victim.g <= 0:
@@ -328,6 +380,7 @@ class RubickEngine:
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         if src is None:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
+            self._free_list = None
         else:
             left = src.g_on[node] - gpus
             jr.set(src.g_on, node, left if left > 0 else None)
@@ -350,6 +403,8 @@ class RubickEngine:
             return job.g > 0
         jr = _Journal()
         before = (dict(job.g_on), dict(job.c_on), job.best)
+        if not before[0] and not self._free_nodes() and job.g >= job.min_g and job.up() <= self.min_down + EPS:
+            return False
         victims: dict[str, _Job] = {}
         need = lambda: job.want_g - job.g  # noqa: E731
         for node in self._node_order(job):
@@ -367,16 +422,18 @@ class RubickEngine:
                     victims[victim.id] = victim
                 else:
                     break
-        if job.g < max(1, job.min_g):
-            jr.undo()
-            return False
-        if not self._settle(jr, job):
-            jr.undo()
+        if job.g < max(1, job.min_g) or not self._settle(jr, job):
+            self._undo(jr)
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
-            jr.undo()
-            job.g_on, job.c_on, job.best = before
+            self._undo(jr)
             return True
+        self.placed[job.id] = job
+        if self._over_min(job):
+            self.min_down = min(self.min_down, job.down())
+        for v in victims.values():
+            if v.g and self._over_min(v):
+                self.min_down = min(self.min_down, v.down())
         for v in victims.values():
             v.forced = True
             v.reason = "shrunk" if v.g else "preempted"
@@ -384,6 +441,11 @@ class RubickEngine:
         if victims and not job.reason:
             job.detail = {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"}
         return True
+
+    def _undo(self, jr: _Journal) -> None:
+        if any(d is self.free_g for d, _, _ in jr.ops):
+            self._free_list = None
+        jr.undo()
 
     def _settle(self, jr: _Journal, job: _Job) -> bool:
         """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
@@ -412,6 +474,7 @@ class RubickEngine:
             extra = job.g_on[node] - keep
             if extra > 0:
                 jr.set(self.free_g, node, self.free_g[node] + extra)
+                self._free_list = None
                 jr.set(job.__dict__, "g", job.g - extra)
                 jr.set(job.g_on, node, keep if keep > 0 else None)
                 if keep <= 0:

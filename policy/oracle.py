@@ -32,21 +32,27 @@ from modeler.spec import ModelType
 from modeler.table import MeasuredTable
 
 
+Item = tuple[tuple[int, ...], int, Plan]
+"""(placement, CPU threads per GPU, plan): one configuration to evaluate."""
+
+
 class Oracle(Protocol):
     def version(self, model_type: str) -> int: ...
 
     def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
                  plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]: ...
 
+    def evaluate_many(self, model: ModelType, global_batch: int,
+                      items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]: ...
+
     def host_mem_gb(self, model: ModelType, global_batch: int, placement: tuple[int, ...],
                     plan: Plan) -> float: ...
 
 
-def _batch(model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
-           plans: Sequence[Plan], ga_auto: bool) -> ConfigBatch:
+def _batch(model: ModelType, global_batch: int, items: Sequence[Item], ga_auto: bool) -> ConfigBatch:
     return ConfigBatch.from_configs(
-        [Config(plan=p, gpus_per_node=placement, cpus_per_gpu=cpus_per_gpu, global_batch_size=global_batch,
-                ga_auto=ga_auto) for p in plans],
+        [Config(plan=p, gpus_per_node=place, cpus_per_gpu=cpg, global_batch_size=global_batch, ga_auto=ga_auto)
+         for place, cpg, p in items],
         allow_tp_across_nodes=model.allow_tp_across_nodes)
 
 
@@ -60,13 +66,16 @@ class _MemoryMixin:
 
     def host_mem_gb(self, model: ModelType, global_batch: int, placement: tuple[int, ...], plan: Plan) -> float:
         """Host memory the plan needs for model states (all nodes together), GB."""
-        batch = _batch(model, global_batch, placement, self.env.default_cpus_per_gpu, [plan], False)
+        batch = _batch(model, global_batch, [(placement, self.env.default_cpus_per_gpu, plan)], False)
         return float(host_bytes(model, batch)[0]) / 1e9
 
-    def resolved(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
-                 plans: Sequence[Plan]) -> tuple[ConfigBatch, np.ndarray]:
-        batch = resolve_ga(model, self.env, _batch(model, global_batch, placement, cpus_per_gpu, plans, True))
+    def resolved(self, model: ModelType, global_batch: int, items: Sequence[Item]) -> tuple[ConfigBatch, np.ndarray]:
+        batch = resolve_ga(model, self.env, _batch(model, global_batch, items, True))
         return batch, memory_feasible(model, self.env, batch)
+
+    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
+                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:
+        return self.evaluate_many(model, global_batch, [(placement, cpus_per_gpu, p) for p in plans])
 
 
 @dataclass
@@ -83,14 +92,14 @@ class ModelOracle(_MemoryMixin):
         self.params[upd.model_type] = PerfParams.from_dict(dict(upd.params))
         self.versions[upd.model_type] = self.versions.get(upd.model_type, 0) + 1
 
-    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
-                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:
-        if not plans:
+    def evaluate_many(self, model: ModelType, global_batch: int,
+                      items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]:
+        if not items:
             return np.zeros(0), ()
-        batch, ok = self.resolved(model, global_batch, placement, cpus_per_gpu, plans)
+        batch, ok = self.resolved(model, global_batch, items)
         params = self.params.get(model.name, PerfParams())
         times = np.where(ok, t_iter(model, self.env, params, batch), np.inf)
-        return times, _with_ga(plans, batch.ga_steps)
+        return times, _with_ga([p for _, _, p in items], batch.ga_steps)
 
 
 @dataclass
@@ -104,14 +113,22 @@ class TableOracle(_MemoryMixin):
     def version(self, model_type: str) -> int:
         return 0
 
-    def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
-                 plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:
-        if not plans:
+    def evaluate_many(self, model: ModelType, global_batch: int,
+                      items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]:
+        if not items:
             return np.zeros(0), ()
         key = self.aliases.get(model.name, model.name)
-        batch, _ = self.resolved(model, global_batch, placement, cpus_per_gpu, plans)
-        times = np.empty(len(plans))
-        for i, p in enumerate(plans):
-            t = self.table.iter_time(key, p, placement, cpus_per_gpu)
+        batch, _ = self.resolved(model, global_batch, items)
+        times = np.empty(len(items))
+        for i, (place, cpg, p) in enumerate(items):
+            t = self.table.iter_time(key, p, place, cpg)
             times[i] = math.inf if t is None else t
-        return times, _with_ga(plans, batch.ga_steps)
+        return times, _with_ga([p for _, _, p in items], batch.ga_steps)
+
+
+def from_modeler(modeler) -> tuple["ModelOracle", dict[str, ModelType]]:
+    """An oracle and the model types seeded from a `modeler.service.ModelerCore` (its fitted
+    parameters at start); later refits arrive as `model.updated` events."""
+    params = {k: st.params for k, st in sorted(modeler.types.items()) if st.params is not None}
+    models = {k: st.model for k, st in sorted(modeler.types.items())}
+    return ModelOracle(env=modeler.env, params=params), models

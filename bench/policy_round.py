@@ -1,0 +1,140 @@
+"""Time of one full scheduling round of a policy, at several cluster sizes.
+
+For each size, a cluster of N nodes x 8 GPUs and J jobs (models, sizes and plans drawn, with a
+fixed seed, from the Base trace; one job in three guaranteed, four tenants whose quotas add up to half
+the cluster) is built in the policy core, the
+first round places them (reported apart: it fills the curve caches), then every measured round
+follows one completion and one new submission, the steady state of a live cluster. The oracle is
+the fitted performance model, as in a live cluster.
+
+    .venv/bin/python bench/policy_round.py                 # 64/50, 1024/1000, 8192/5000
+    .venv/bin/python bench/policy_round.py --sizes 64:50 --rounds 50 --policy rubick
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controlplane.events import (JobCompleted, JobSubmitted, ModelRef, NodeRegistered, Plan,  # noqa: E402
+                                 Resources, make)
+from modeler.service import make_core  # noqa: E402
+from policy.oracle import from_modeler  # noqa: E402
+from policy.registry import POLICIES, make_policy  # noqa: E402
+
+TRACE = ROOT / "data" / "rubick-artifact" / "workload-base.csv"
+
+
+def decode_plan(code: str, gpus: int) -> Plan:
+    if code.isdigit() and len(code) == 3:
+        return Plan(pp=int(code[0]), tp=int(code[1]), dp=int(code[2]), micro_batches=1)
+    return {"ga": Plan(dp=gpus), "gc": Plan(dp=gpus, gc=True), "zero-dp": Plan(dp=gpus, zero_stage=2),
+            "zero-offload": Plan(dp=gpus, zero_stage=2, offload=True)}[code]
+
+
+def trace_jobs(models) -> list[tuple[str, int, int, Plan]]:
+    rows = list(csv.DictReader(open(TRACE)))
+    return [(r["application"], int(r["num_gpus"]), int(r["num_cpus"]), decode_plan(r["exec_plan"], int(r["num_gpus"])))
+            for r in rows]
+
+
+def build(policy: str, nodes: int, jobs: int, seed: int, modeler):
+    oracle, models = from_modeler(modeler)
+    quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}  # half the cluster guaranteed, split over 4 tenants
+    core = make_policy(policy, oracle=oracle, models=models, quotas=quotas)
+    rng = random.Random(seed)
+    pool = trace_jobs(models)
+    t = 0.0
+    for i in range(nodes):
+        ev = make("node.registered", NodeRegistered(node=f"n{i:04d}", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0),
+                  time=t, id=f"b-node-{i}", source="bench")
+        core.state.apply(ev)
+    counter = [0]
+
+    def submit(time_s: float):
+        model, gpus, cpus, plan = rng.choice(pool)
+        spec = models[model].spec
+        counter[0] += 1
+        jid = f"{model}-{counter[0]:05d}"
+        sub = JobSubmitted(job_id=jid, tenant=f"t{counter[0] % 4}", guaranteed=counter[0] % 3 == 0,
+                           model=ModelRef(type=model), global_batch_size=spec.global_batch_size, plan=plan,
+                           resources=Resources(gpus=gpus, cpus=cpus), target_iterations=1000)
+        ev = make("job.submitted", sub, time=time_s, id=f"b-sub-{jid}", source="bench")
+        core.state.apply(ev)
+        core.order[jid] = len(core.order)
+        return jid
+
+    for _ in range(jobs):
+        submit(t)
+    return core, submit, rng
+
+
+def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler) -> dict:
+    core, submit, rng = build(policy, nodes, jobs, seed, modeler)
+    tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
+    t0 = time.perf_counter()
+    core.run_round(tick)
+    first = time.perf_counter() - t0
+    times = []
+    for r in range(1, rounds + 1):
+        active = [j for j in core.state.jobs_in("running", "queued", "preempted")]
+        running = [j for j in active if j.decided_allocation] or active
+        victim = rng.choice(running)
+        done = make("job.completed", JobCompleted(job_id=victim.job_id, iterations=1000), time=1.0 + r,
+                    id=f"b-done-{r}", source="bench")
+        core.state.apply(done)
+        core.last.pop(victim.job_id, None)
+        submit(1.0 + r)
+        tick = make("clock.tick", _tick(r), time=1.0 + r, id=f"b-tick-{r}", source="bench")
+        t0 = time.perf_counter()
+        core.run_round(tick)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
+    return {"policy": policy, "gpus": nodes * 8, "jobs": jobs, "first_s": first, "median_s": statistics.median(times),
+            "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed,
+            "evaluations": core.engine.book.evaluations}
+
+
+def _tick(seq: int):
+    from controlplane.events import ClockTick
+    return ClockTick(seq=seq, period_s=60.0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="64:50,1024:1000,8192:5000", help="GPUS:JOBS,...")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--policy", default="rubick", choices=POLICIES)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    modeler = make_core()
+    print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size")
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'plans evaluated':>16}")
+    rows = []
+    for item in args.sizes.split(","):
+        gpus, jobs = (int(x) for x in item.split(":"))
+        rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
+        r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler)
+        rows.append(r)
+        print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {r['median_s'] * 1e3:>8.2f}ms "
+              f"{r['p99_s'] * 1e3:>8.2f}ms {r['placed']:>7} {r['evaluations']:>16}")
+    if len(rows) > 1:
+        base = rows[0]
+        for r in rows[1:]:
+            print(f"growth {base['gpus']}->{r['gpus']} GPUs, {base['jobs']}->{r['jobs']} jobs: "
+                  f"median x{r['median_s'] / base['median_s']:.1f} "
+                  f"(jobs x{r['jobs'] / base['jobs']:.0f}, nodes x{r['gpus'] / base['gpus']:.0f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
