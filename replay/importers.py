@@ -1,0 +1,250 @@
+"""Trace importers: one function per file layout, chosen by name (`IMPORTERS`) or by the header.
+
+Every importer returns a `Trace` whose jobs passed `check_jobs`; a bad line is reported by number
+and either skipped (`on_bad="skip"`, listed in `Trace.skipped`) or the whole file is refused
+(`on_bad="refuse"`, raises `TraceError` listing every bad line). A file without the columns a
+layout needs is always refused: no line of it can be read.
+
+Layouts:
+
+- `artifact`: the Rubick artifact's workload CSV (`data/rubick-artifact/README.md`), columns
+  `name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla`
+  (`duration`, `num_cpus`, `bandwidth` and `is_sla` optional; an extra `tenant` column is honoured).
+- `pai`: the Alibaba PAI GPU trace (cluster-trace-gpu-v2020) task table, with or without its header:
+  `job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type`
+  (an optional `user` column becomes the tenant). See `read_pai` for how it maps onto jobs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+from pathlib import Path
+from typing import Callable, Mapping
+
+from controlplane.events import Plan
+
+from .trace import DEFAULT_TENANT, Trace, TraceError, TraceJob, TraceProblem, check_jobs, decode_plan
+
+ARTIFACT_REQUIRED = ("name", "submission_time", "application", "num_gpus", "exec_plan", "steps")
+PAI_COLUMNS = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
+               "plan_gpu", "gpu_type")
+PAI_MODELS = ("vit", "roberta", "bert", "t5", "gpt2")
+"""Model types a PAI job may become (each has measured ZeRO-DP rows on 1, 2, 4 and 8 GPUs of one node)."""
+
+IterTime = Callable[[str, Plan, int], "float | None"]
+"""(model, plan, gpus on one node) -> seconds per iteration, or None if unknown."""
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _number(rec: Mapping[str, str], col: str, *, integer: bool = False, default: float | None = None) -> float:
+    text = (rec.get(col) or "").strip()
+    if not text:
+        if default is not None:
+            return default
+        raise _Bad(f"missing value in column {col!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Bad(f"column {col!r}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise _Bad(f"column {col!r}: {text!r} is not a finite number")
+    if integer and value != int(value):
+        raise _Bad(f"column {col!r}: {text!r} is not a whole number")
+    return int(value) if integer else value
+
+
+def _rows(path: Path, header: tuple[str, ...] | None = None):
+    """(line number, record, problem) for every data line; the header is line 1 unless given."""
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        if header is None:
+            try:
+                header = tuple(c.strip() for c in next(reader))
+            except StopIteration:
+                raise TraceError(str(path), [TraceProblem(0, "empty file: no header line")]) from None
+        yield header
+        for fields in reader:
+            line = reader.line_num
+            if not fields or all(not f.strip() for f in fields):
+                continue
+            if len(fields) != len(header):
+                yield line, None, (f"{len(fields)} fields, the header has {len(header)} "
+                                   f"({'missing columns' if len(fields) < len(header) else 'extra fields'})")
+                continue
+            yield line, dict(zip(header, fields)), None
+
+
+def _finish(path: Path, layout: str, jobs: list[TraceJob], problems: list[TraceProblem],
+            batches: Mapping[str, int], on_bad: str) -> Trace:
+    good = list(jobs)
+    later = check_jobs(good, batches)
+    bad_lines = {p.line for p in later}
+    problems = sorted(problems + later, key=lambda p: p.line)
+    if problems and on_bad == "refuse":
+        raise TraceError(str(path), problems)
+    return Trace([j for j in good if j.line not in bad_lines], str(path), layout, problems)
+
+
+def read_artifact(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "refuse",
+                  iter_time: IterTime | None = None) -> Trace:
+    path = Path(path)
+    rows = _rows(path)
+    header = next(rows)
+    missing = [c for c in ARTIFACT_REQUIRED if c not in header]
+    if missing:
+        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}; the artifact "
+                                                     f"layout needs {', '.join(ARTIFACT_REQUIRED)}")])
+    jobs: list[TraceJob] = []
+    problems: list[TraceProblem] = []
+    for line, rec, problem in rows:
+        if problem is not None:
+            problems.append(TraceProblem(line, problem))
+            continue
+        try:
+            gpus = _number(rec, "num_gpus", integer=True)
+            if gpus <= 0:
+                raise _Bad(f"zero or negative GPUs ({gpus})")
+            steps = _number(rec, "steps", integer=True)
+            if steps < 1:
+                raise _Bad(f"steps must be >= 1, got {steps}")
+            submit = _number(rec, "submission_time")
+            if submit < 0:
+                raise _Bad(f"negative submission time {submit:g}")
+            sla = _number(rec, "is_sla", integer=True, default=0)
+            if sla not in (0, 1):
+                raise _Bad(f"is_sla must be 0 or 1, got {sla}")
+            name, model = rec["name"].strip(), rec["application"].strip()
+            if not name or not model:
+                raise _Bad(f"missing value in column {'name' if not name else 'application'!r}")
+            try:
+                plan = decode_plan(rec["exec_plan"], gpus)
+            except ValueError as exc:
+                raise _Bad(str(exc)) from None
+            cpus = _number(rec, "num_cpus", integer=True, default=0)
+            if cpus < 0:
+                raise _Bad(f"negative CPUs ({cpus})")
+            duration = _number(rec, "duration", default=-1.0)
+            jobs.append(TraceJob(line=line, name=name, submit_s=float(submit), model=model, gpus=gpus, cpus=cpus,
+                                 plan=plan, steps=steps, guaranteed=bool(sla),
+                                 tenant=(rec.get("tenant") or "").strip() or DEFAULT_TENANT,
+                                 duration_s=None if duration < 0 else duration))
+        except _Bad as exc:
+            problems.append(TraceProblem(line, str(exc)))
+    return _finish(path, "artifact", jobs, problems, batches, on_bad)
+
+
+def pai_model(job_name: str) -> str:
+    """The model type a PAI job becomes: a stable hash of its name picks one of PAI_MODELS."""
+    digest = hashlib.sha256(job_name.encode()).digest()
+    return PAI_MODELS[int.from_bytes(digest[:8], "big") % len(PAI_MODELS)]
+
+
+def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "refuse",
+             iter_time: IterTime | None = None) -> Trace:
+    """The PAI task table as jobs. The trace has no model types, plans or iteration counts, so:
+
+    - only tasks with status `Terminated` that asked for GPUs (`plan_gpu` > 0, in percent of one GPU)
+      are replayed; the others are listed in `Trace.filtered`, never as bad;
+    - a job's GPUs = ceil(sum over its tasks of inst_num * plan_gpu / 100), rounded up to a power of
+      two and capped at one 8-GPU node; its submission = its earliest task start, its duration =
+      latest end - earliest start;
+    - its model is `pai_model(job_name)`, its plan ZeRO-DP over all its GPUs (measured for every
+      PAI_MODELS type on 1, 2, 4 and 8 GPUs), its steps = duration / measured iteration time
+      (at least 1);
+    - the tenant is the `user` column where present.
+    Jobs are ordered by submission time, then name.
+    """
+    path = Path(path)
+    with open(path, newline="") as fh:
+        first = next(csv.reader(fh), None)
+    if first is None:
+        raise TraceError(str(path), [TraceProblem(0, "empty file")])
+    has_header = "job_name" in [c.strip() for c in first]
+    rows = _rows(path, None if has_header else PAI_COLUMNS)
+    header = next(rows)
+    missing = [c for c in PAI_COLUMNS if c not in header]
+    if missing:
+        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}")])
+    problems: list[TraceProblem] = []
+    filtered: list[TraceProblem] = []
+    groups: dict[str, dict] = {}
+    for line, rec, problem in rows:
+        if problem is not None:
+            problems.append(TraceProblem(line, problem))
+            continue
+        try:
+            name = rec["job_name"].strip()
+            if not name:
+                raise _Bad("missing value in column 'job_name'")
+            if rec["status"].strip() != "Terminated":
+                filtered.append(TraceProblem(line, f"filtered: status {rec['status'].strip()!r}"))
+                continue
+            share = _number(rec, "plan_gpu", default=0.0)
+            if share < 0:
+                raise _Bad(f"zero or negative GPUs (plan_gpu {share:g})")
+            if share == 0:
+                filtered.append(TraceProblem(line, "filtered: no GPU asked for"))
+                continue
+            inst = _number(rec, "inst_num", default=1.0)
+            start, end = _number(rec, "start_time"), _number(rec, "end_time")
+            if end < start:
+                raise _Bad(f"end_time {end:g} before start_time {start:g}")
+            g = groups.setdefault(name, {"line": line, "gpus": 0.0, "start": start, "end": end,
+                                         "cpus": 0.0, "user": (rec.get("user") or "").strip()})
+            g["gpus"] += inst * share / 100.0
+            g["cpus"] += inst * _number(rec, "plan_cpu", default=0.0) / 100.0
+            g["start"], g["end"] = min(g["start"], start), max(g["end"], end)
+        except _Bad as exc:
+            problems.append(TraceProblem(line, str(exc)))
+    if not groups and not problems:
+        raise TraceError(str(path), [TraceProblem(0, "no GPU job with status Terminated in the file")])
+    t0 = min((g["start"] for g in groups.values()), default=0.0)
+    jobs = []
+    for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["start"], kv[0])):
+        gpus = min(8, 1 << max(0, math.ceil(g["gpus"] - 1e-9) - 1).bit_length())
+        model = pai_model(name)
+        plan = Plan(dp=gpus, zero_stage=2)
+        duration = g["end"] - g["start"]
+        t = iter_time(model, plan, gpus) if iter_time is not None else None
+        steps = max(1, round(duration / t)) if t else max(1, round(duration))
+        jobs.append(TraceJob(line=g["line"], name=name, submit_s=g["start"] - t0, model=model, gpus=gpus,
+                             cpus=max(0, math.ceil(g["cpus"])), plan=plan, steps=steps,
+                             tenant=_tenant(g["user"]), duration_s=duration))
+    trace = _finish(path, "pai", jobs, problems, batches, on_bad)
+    trace.filtered = filtered
+    return trace
+
+
+def _tenant(user: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in user)[:128]
+    return safe if safe and safe[0].isalnum() else DEFAULT_TENANT
+
+
+IMPORTERS: dict[str, Callable[..., Trace]] = {"artifact": read_artifact, "pai": read_pai}
+
+
+def detect_layout(path: str | Path) -> str:
+    with open(path, newline="") as fh:
+        first = [c.strip() for c in next(csv.reader(fh), [])]
+    if "application" in first and "exec_plan" in first:
+        return "artifact"
+    if "job_name" in first or (len(first) == len(PAI_COLUMNS) and "plan_gpu" not in first):
+        return "pai"
+    return "artifact"  # reports its missing columns
+
+
+def read_trace(path: str | Path, batches: Mapping[str, int], *, layout: str = "auto", on_bad: str = "refuse",
+               iter_time: IterTime | None = None) -> Trace:
+    if on_bad not in ("skip", "refuse"):
+        raise ValueError("on_bad must be 'skip' or 'refuse'")
+    if not Path(path).is_file():
+        raise TraceError(str(path), [TraceProblem(0, "no such file")])
+    name = detect_layout(path) if layout == "auto" else layout
+    if name not in IMPORTERS:
+        raise ValueError(f"unknown trace layout {name!r} (known: {', '.join(sorted(IMPORTERS))})")
+    return IMPORTERS[name](path, batches, on_bad=on_bad, iter_time=iter_time)
