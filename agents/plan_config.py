@@ -1,0 +1,73 @@
+"""An execution plan as a DeepSpeed configuration and as torchrun arguments (pure functions).
+
+`deepspeed_config` honours every plan field DeepSpeed owns: ZeRO stage 0-3, ZeRO-Offload
+(`offload_optimizer` to the CPU), gradient accumulation and the micro-batch size that keeps
+the global batch fixed, plus activation checkpointing. TP and PP are the model code's
+business (Megatron-DeepSpeed), so they appear only in the world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from controlplane.events import NodeShare, Plan
+
+
+class PlanError(ValueError):
+    """A plan that cannot be turned into a launch."""
+
+
+def micro_batch_size(plan: Plan, global_batch_size: int) -> int:
+    per_step = plan.dp * plan.ga_steps
+    if global_batch_size % per_step:
+        raise PlanError(f"global batch {global_batch_size} is not divisible by dp*ga_steps = {per_step}")
+    return global_batch_size // per_step
+
+
+def deepspeed_config(plan: Plan, global_batch_size: int, *, lr: float = 3e-3, weight_decay: float = 0.0,
+                     gradient_clipping: float = 1.0, torch_adam: bool = True) -> dict[str, Any]:
+    """The DeepSpeed JSON configuration of a plan (fp32 training, AdamW)."""
+    zero: dict[str, Any] = {"stage": plan.zero_stage}
+    if plan.offload:
+        if plan.zero_stage == 0:
+            raise PlanError("ZeRO-Offload needs a ZeRO stage of 1 or more")
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    config: dict[str, Any] = {
+        "train_batch_size": global_batch_size,
+        "train_micro_batch_size_per_gpu": micro_batch_size(plan, global_batch_size),
+        "gradient_accumulation_steps": plan.ga_steps,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": weight_decay, "torch_adam": torch_adam}},
+        "zero_optimization": zero,
+        # torch's AdamW also runs on offloaded (CPU) optimizer states; DeepSpeedCPUAdam is faster on GPU
+        # nodes but must be compiled first.
+        "zero_force_ds_cpu_optimizer": not torch_adam,
+        "gradient_clipping": gradient_clipping,
+        "steps_per_print": 1_000_000_000,
+        "wall_clock_breakdown": False,
+    }
+    if plan.gc:
+        config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
+                                              "contiguous_memory_optimization": False}
+    return config
+
+
+def torchrun_args(job_id: str, allocation: Sequence[NodeShare], node: str, *, rdzv_host: str | None = None,
+                  rdzv_port: int = 29400) -> list[str]:
+    """torchrun arguments for this node's share of a job (one process per device).
+
+    One node: `--standalone` (a private rendezvous on a free port). Several nodes: every node
+    runs the same number of processes and meets at the first node's c10d rendezvous.
+    """
+    nodes = [s.node for s in allocation if s.gpus > 0]
+    if node not in nodes:
+        raise PlanError(f"node {node} has no devices in the allocation")
+    share = next(s for s in allocation if s.node == node)
+    if len(nodes) == 1:
+        return ["--standalone", "--nnodes=1", f"--nproc-per-node={share.gpus}"]
+    counts = {s.gpus for s in allocation if s.gpus > 0}
+    if len(counts) != 1:
+        raise PlanError("torchrun needs the same number of devices on every node of a job")
+    host = rdzv_host or nodes[0]
+    return [f"--nnodes={len(nodes)}", f"--nproc-per-node={share.gpus}", f"--node-rank={nodes.index(node)}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{rdzv_port}", f"--rdzv-id={job_id}"]
