@@ -1,0 +1,200 @@
+"""A run's configuration, and building the cores it names (the same way for simulate and replay).
+
+The configuration is recorded with the event log (`run.json` beside the Parquet files) together
+with the performance-model parameters the cores started from, so `rubick replay` rebuilds exactly
+the cores that made the run, without fitting again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from controlplane.admission import AdmissionCore
+from controlplane.events import Event, NodeRegistered, make
+from modeler.env import DEFAULT_ENV_FILE, Environment, load_env
+from modeler.fit import FitError, fit
+from modeler.configs import ConfigError
+from modeler.perf_model import PerfParams
+from modeler.predictor import ModelPredictor
+from modeler.service import ModelerCore
+from modeler.spec import MODELS_DIR, ModelType, load_model
+from modeler.table import DEFAULT_TABLE, MeasuredTable
+
+ROOT = Path(__file__).resolve().parent.parent
+FIT_POINTS = ROOT / "data" / "rubick-artifact" / "fit_points.csv"
+RUN_FILE = "run.json"
+CLUSTER_RE = re.compile(r"^(\d+)x(\d+)$")
+NODE_CPUS, NODE_MEM_GB, GPU_MEM_GB = 96, 1600.0, 80.0
+"""The testbed's nodes (8 x A800 80 GB, 96 vCPUs, 1,600 GB)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    policy: str
+    cluster: str = "8x8"
+    restart_cost_s: float = 78.0
+    start_cost_s: float = 0.0
+    seed: int = 0
+    oracle: str = "model"
+    tick_period_s: float = 60.0
+    sample_every_s: float = 600.0
+    noise: float = 0.0
+    max_time_s: float = 30 * 86400.0
+    trace: str = ""
+    trace_sha256: str = ""
+    trace_layout: str = "artifact"
+    scale: int = 1
+    on_bad: str = "refuse"
+    quotas: dict[str, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> "RunConfig":
+        known = RunConfig.__dataclass_fields__
+        return RunConfig(**{k: v for k, v in data.items() if k in known})
+
+
+def parse_cluster(text: str) -> tuple[int, int]:
+    m = CLUSTER_RE.match(text.strip())
+    if not m or int(m[1]) < 1 or not 1 <= int(m[2]) <= 1024:
+        raise ValueError(f"cluster {text!r}: expected NODESxGPUS, e.g. 8x8")
+    return int(m[1]), int(m[2])
+
+
+def node_events(cluster: str) -> list[Event]:
+    """`node.registered` for every node of an `NxG` cluster at time 0, named n000, n001, ..."""
+    nodes, gpus = parse_cluster(cluster)
+    width = max(3, len(str(nodes - 1)))
+    return [make("node.registered", NodeRegistered(node=f"n{i:0{width}d}", gpus=gpus, gpu_mem_gb=GPU_MEM_GB,
+                                                   cpus=NODE_CPUS, mem_gb=NODE_MEM_GB, gpu_type="A800-80GB",
+                                                   nvlink_gbps=400.0, network_gbps=100.0),
+                 time=0.0, id=f"node-{i:0{width}d}", source="simulator") for i in range(nodes)]
+
+
+def load_models(models_dir: Path = MODELS_DIR) -> dict[str, ModelType]:
+    models = [load_model(p) for p in sorted(Path(models_dir).glob("*.yaml"))]
+    return {m.name: m for m in models}
+
+
+def _digest(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+_FITTED: dict[str, dict[str, dict[str, float]]] = {}
+
+
+def fitted_params(models: Mapping[str, ModelType], env: Environment, *, cache_dir: Path | None = None,
+                  env_file: Path = DEFAULT_ENV_FILE) -> dict[str, dict[str, float]]:
+    """Parameters fitted on the artifact's fit_points for every model (what `modeler.service.make_core`
+    seeds its core with). Fitting takes seconds, so the result is cached in this process and, where
+    `cache_dir` is given, on disk under a key of every input file and the modeler's source."""
+    inputs = [FIT_POINTS, env_file, *sorted(MODELS_DIR.glob("*.yaml")), *sorted((ROOT / "modeler").glob("*.py"))]
+    key = _digest(inputs)
+    if key in _FITTED:
+        return _FITTED[key]
+    path = None if cache_dir is None else Path(cache_dir) / f"fit-{key}.json"
+    if path is not None and path.is_file():
+        try:
+            _FITTED[key] = json.loads(path.read_text())
+            return _FITTED[key]
+        except (OSError, ValueError):
+            pass
+    from modeler.validate import measurements, read_table
+
+    rows = read_table(FIT_POINTS)
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(models):
+        mine = [r for r in rows if r["model"] == name]
+        if mine:
+            try:
+                out[name] = fit(models[name], env, measurements(models[name], mine)).params.as_dict()
+            except (FitError, ConfigError):
+                pass
+    _FITTED[key] = out
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(out, sort_keys=True))
+            tmp.replace(path)
+        except OSError:
+            pass
+    return out
+
+
+def default_cache_dir() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rubick"
+
+
+@dataclass
+class Parts:
+    """Everything a run needs besides the cores: specs, environment, table, starting parameters."""
+
+    models: dict[str, ModelType]
+    env: Environment
+    table: MeasuredTable
+    params: dict[str, dict[str, float]]
+    batches: dict[str, int] = field(default_factory=dict)
+
+    def predictor(self) -> ModelPredictor:
+        """A fresh predictor on the starting parameters (each user gets its own: cores mutate theirs)."""
+        return ModelPredictor(self.env, dict(self.models),
+                              {k: PerfParams.from_dict(v) for k, v in sorted(self.params.items())})
+
+
+def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_dir: Path | None = None) -> Parts:
+    models = load_models()
+    env = load_env(DEFAULT_ENV_FILE)
+    table = MeasuredTable.from_csv(DEFAULT_TABLE)
+    p = {k: dict(v) for k, v in params.items()} if params is not None else fitted_params(models, env,
+                                                                                         cache_dir=cache_dir)
+    return Parts(models, env, table, p, {k: m.spec.global_batch_size for k, m in models.items()})
+
+
+PolicyFactory = Callable[[RunConfig, Parts], Any]
+
+
+def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
+    """The policy core named by the configuration, from `policy.registry`."""
+    from policy.oracle import ModelOracle, TableOracle
+    from policy.registry import make_policy
+
+    nodes, node_gpus = parse_cluster(cfg.cluster)
+    if cfg.oracle == "model":
+        oracle = ModelOracle(env=parts.env, params={k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())})
+    elif cfg.oracle == "table":
+        oracle = TableOracle(env=parts.env, table=parts.table)
+    else:
+        raise ValueError(f"unknown oracle {cfg.oracle!r} (model or table)")
+    return make_policy(cfg.policy, oracle=oracle, models=dict(parts.models), restart_cost_s=cfg.restart_cost_s,
+                       quotas=cfg.quotas, node_gpus=node_gpus)
+
+
+def policy_names() -> tuple[str, ...]:
+    try:
+        from policy.registry import POLICIES
+    except ImportError:
+        return ()
+    return tuple(POLICIES)
+
+
+def control_cores(cfg: RunConfig, parts: Parts, policy_factory: PolicyFactory | None = None) -> list[Any]:
+    """Admission, modeler and policy: the control plane's cores, in delivery order."""
+    factory = policy_factory or registry_policy
+    modeler = ModelerCore(parts.models, parts.env,
+                          {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())})
+    return [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
