@@ -1,0 +1,185 @@
+"""`rubick simulate`, `rubick report` and `rubick replay` (see docs/simulate.md)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from controlplane.cli.common import fail
+
+LAYOUTS = ("auto", "artifact", "pai")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate a trace on a virtual cluster with the real cores",
+                       description="Run a trace through the admission, modeler and policy cores and simulated node "
+                                   "agents on a virtual clock; write the Parquet event log and summary.json.")
+    p.add_argument("--trace", type=Path, required=True, help="trace file (artifact workload CSV or PAI task table)")
+    p.add_argument("--layout", choices=LAYOUTS, default="auto", help="trace layout (default: from the header)")
+    p.add_argument("--cluster", default="8x8", help="NODESxGPUS, e.g. 8x8 (default) or 80x8")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--policy", help="policy name (see policy.registry)")
+    group.add_argument("--policies", help="comma-separated policy names, or 'all'; one run per policy in OUT/<name>")
+    p.add_argument("--out", type=Path, required=True, help="run folder (events/, summary.json)")
+    p.add_argument("--restart-cost", type=float, default=78.0, help="seconds a reconfiguration costs (default 78)")
+    p.add_argument("--start-cost", type=float, default=0.0,
+                   help="seconds a job's first launch takes before it makes progress (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the agents' measurement noise (default 0)")
+    p.add_argument("--oracle", choices=("model", "table"), default="model",
+                   help="what the policy believes about iteration times: the fitted model (default) or the table")
+    p.add_argument("--tick", type=float, default=60.0, help="clock.tick period in seconds (default 60)")
+    p.add_argument("--sample-every", type=float, default=600.0,
+                   help="seconds between a running job's metrics.iteration samples (default 600)")
+    p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")
+    p.add_argument("--scale", type=int, default=1, help="repeat the trace N times (see docs/simulate.md)")
+    p.add_argument("--on-bad", choices=("refuse", "skip"), default="refuse",
+                   help="a bad trace line refuses the file (default) or is skipped and counted")
+    p.add_argument("--max-time-h", type=float, default=720.0, help="stop the simulation at this virtual hour")
+    p.add_argument("--no-fit-cache", action="store_true", help="fit the model parameters again, do not cache them")
+    p.set_defaults(func=cmd_simulate)
+
+    r = sub.add_parser("report", help="compare simulated runs: table and plots")
+    r.add_argument("runs", nargs="+", type=Path, help="run folders (with summary.json)")
+    r.add_argument("--out", type=Path, help="folder for the plots (default: <parent of the first run>/report)")
+    r.add_argument("--no-plots", action="store_true", help="print the table only")
+    r.set_defaults(func=cmd_report)
+
+    v = sub.add_parser("replay", help="check a recorded run's decisions byte for byte, or replay it as a what-if",
+                       description="Without --policy: feed the recorded inputs to the same cores and check every "
+                                   "plan.decided. With --policy/--restart-cost and --out: simulate the recorded day "
+                                   "again with those changes.")
+    v.add_argument("log", type=Path, help="the run's event-log folder (<run>/events)")
+    v.add_argument("--policy", help="what-if: another policy")
+    v.add_argument("--restart-cost", type=float, help="what-if: another restart cost (s)")
+    v.add_argument("--out", type=Path, help="what-if: folder of the new run")
+    v.add_argument("--only", help="comma-separated cores to rebuild (admission, modeler, policy; default all); "
+                                  "the others' recorded answers become inputs")
+    v.add_argument("--context", type=int, default=5, help="events shown before a divergence (default 5)")
+    v.set_defaults(func=cmd_replay)
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    from .config import policy_names
+
+    if args.policy:
+        return [args.policy]
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    if names == ["all"]:
+        names = list(policy_names())
+    return names
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .config import RunConfig, default_cache_dir, load_parts, parse_cluster, policy_names
+    from .importers import read_trace
+    from .run import simulate, trace_inputs
+    from .trace import TraceError, scale_trace
+
+    try:
+        parse_cluster(args.cluster)
+    except ValueError as exc:
+        return fail(str(exc))
+    if args.scale < 1:
+        return fail("--scale must be >= 1")
+    names = _policies(args)
+    known = policy_names()
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        return fail(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(known) or 'none (policy.registry not importable)'}")
+    parts = load_parts(cache_dir=None if args.no_fit_cache else default_cache_dir())
+    table = parts.table
+
+    def iter_time(model, plan, gpus):
+        t = table.iter_time(model, plan, (gpus,))
+        return t if t is not None and t != float("inf") else None
+
+    try:
+        trace = read_trace(args.trace, parts.batches, layout=args.layout, on_bad=args.on_bad, iter_time=iter_time)
+    except TraceError as exc:
+        print(f"rubick: trace refused: {exc}", file=sys.stderr)
+        print("(use --on-bad skip to leave bad lines out)", file=sys.stderr)
+        return 2
+    for problem in trace.skipped:
+        print(f"skipped {problem}", file=sys.stderr)
+    if trace.skipped:
+        print(f"{len(trace.skipped)} bad line(s) skipped", file=sys.stderr)
+    if trace.filtered:
+        print(f"{len(trace.filtered)} line(s) not replayed by the {trace.layout} layout's rules", file=sys.stderr)
+    jobs = scale_trace(trace.jobs, args.scale)
+    base = RunConfig(policy=names[0], cluster=args.cluster, restart_cost_s=args.restart_cost,
+                     start_cost_s=args.start_cost, seed=args.seed,
+                     oracle=args.oracle, tick_period_s=args.tick, sample_every_s=args.sample_every, noise=args.noise,
+                     max_time_s=args.max_time_h * 3600, trace=str(args.trace),
+                     trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
+                     scale=args.scale, on_bad=args.on_bad)
+    for name in names:
+        cfg = replace(base, policy=name)
+        out_dir = args.out if len(names) == 1 else args.out / name
+        out = simulate(cfg, trace_inputs(cfg, jobs, parts), parts, out_dir=out_dir,
+                       extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered)})
+        _print_run(out_dir, out)
+    return 0
+
+
+def _print_run(out_dir: Path, out) -> None:
+    s, r = out.summary, out.result
+    split = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.core_seconds.items()))
+    print(f"{out_dir}: {s['config']['policy']}: {s['jobs']['completed']}/{s['jobs']['submitted']} jobs done, "
+          f"avg JCT {s['jct']['avg_h'] or 0:.2f} h, P99 {s['jct']['p99_h'] or 0:.2f} h, "
+          f"makespan {s['makespan_h']:.2f} h, SLO violations {s['slo_violations']}, "
+          f"GPU util {s['gpu_utilisation']:.1%}, reconfigurations {s['reconfigurations']}, "
+          f"fallbacks to the model {s['fallback_to_model']['lookups']} ({s['stop_reason']})")
+    print(f"  {len(r.events)} events in {r.wall_s:.2f} s ({len(r.events) / max(r.wall_s, 1e-9):,.0f} events/s; "
+          f"{split}; writing {out.write_s:.2f} s)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import format_table, load_summary, plot, table_rows
+
+    runs, summaries = [], []
+    for run in args.runs:
+        try:
+            summaries.append(load_summary(run))
+            runs.append(run)
+        except (OSError, ValueError) as exc:
+            print(f"rubick: {run}: no readable summary.json ({exc}); left out", file=sys.stderr)
+    if not runs:
+        return fail("no run to report")
+    print(format_table(table_rows(runs, summaries)))
+    if not args.no_plots:
+        out = args.out or runs[0].parent / "report"
+        for path in plot(runs, summaries, out):
+            print(f"wrote {path}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .verify import format_result, verify
+
+    if not args.log.is_dir():
+        return fail(f"no event-log folder at {args.log}")
+    if args.policy or args.restart_cost is not None:
+        from .config import policy_names
+        from .whatif import what_if
+
+        if args.out is None:
+            return fail("a what-if needs --out for the new run")
+        if args.policy and args.policy not in policy_names():
+            return fail(f"unknown policy {args.policy}; known: {', '.join(policy_names()) or 'none'}")
+        out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)
+        for p in problems:
+            print(f"problem: {p}", file=sys.stderr)
+        _print_run(args.out, out)
+        return 0 if not problems else 2
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip()) if args.only else None
+    try:
+        result = verify(args.log, context=args.context, only=only)
+    except ValueError as exc:
+        return fail(str(exc))
+    print(format_result(result, args.log))
+    if result.divergence is not None:
+        return 1
+    return 0 if result.ok else 2

@@ -1,0 +1,168 @@
+"""`rubick report`: a comparison table of runs, and plots (matplotlib, Agg backend, PNG).
+
+Per run it reads `summary.json` (the table, the JCT CDF) and, for the time plots, the event log
+(`events/`). Plots written:
+
+- `jct_cdf.png`: JCT CDF per run;
+- `utilisation.png`: GPU utilisation (GPUs held / cluster GPUs) and queue length over time, per run;
+- `timeline-<run>.png`: per-job timeline of plans (one row per job by submission; colour = plan,
+  pale = restarting).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from controlplane.eventlog import events as read_events
+
+from .run import EVENTS_DIR, SUMMARY_FILE
+from .timeline import Timeline, build
+
+COLUMNS = (("run", "{}"), ("policy", "{}"), ("done", "{}"), ("avg JCT h", "{:.2f}"), ("P99 JCT h", "{:.2f}"),
+           ("makespan h", "{:.2f}"), ("guar. avg h", "{}"), ("b-e avg h", "{}"), ("SLO viol.", "{}"),
+           ("GPU util", "{:.1%}"), ("reconfigs", "{}"), ("restart cost h", "{:.2f}"), ("fallbacks", "{}"))
+
+
+def run_labels(runs: Sequence[Path]) -> list[str]:
+    """Folder names, or parent/name where two runs share a name."""
+    names = [Path(r).name for r in runs]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{Path(r).parent.name}-{Path(r).name}" for r in runs]
+
+
+def load_summary(run: Path) -> dict[str, Any]:
+    return json.loads((Path(run) / SUMMARY_FILE).read_text())
+
+
+def _h(stats: dict[str, Any]) -> str:
+    return "-" if not stats.get("n") else f"{stats['avg_h']:.2f}"
+
+
+def table_rows(runs: Sequence[Path], summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for label, s in zip(run_labels(runs), summaries):
+        j = s["jobs"]
+        values = [label, s["config"]["policy"], f"{j['completed']}/{j['submitted']}",
+                  s["jct"]["avg_h"] or 0.0, s["jct"]["p99_h"] or 0.0, s["makespan_h"], _h(s["guaranteed"]),
+                  _h(s["best_effort"]), s["slo_violations"], s["gpu_utilisation"], s["reconfigurations"],
+                  s["restarts"]["total_cost_s"] / 3600, s["fallback_to_model"]["lookups"]]
+        rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)])
+    return rows
+
+
+def format_table(rows: list[list[str]]) -> str:
+    head = [c for c, _ in COLUMNS]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def held_series(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """(times, GPUs held) as a step function."""
+    changes: dict[float, int] = {}
+    for job in tl.jobs.values():
+        for s in job.segments:
+            changes[s.start] = changes.get(s.start, 0) + s.gpus
+            changes[s.end] = changes.get(s.end, 0) - s.gpus
+    times = np.array(sorted(changes), dtype=np.float64)
+    held = np.cumsum([changes[t] for t in sorted(changes)]) if changes else np.array([])
+    return times, held
+
+
+def _plan_family(code: str) -> str:
+    if "-tp1-pp1-" not in code:
+        return "3D (TP/PP)"
+    if "-off" in code:
+        return "ZeRO-Offload"
+    if "-z2" in code or "-z1" in code or "-z3" in code:
+        return "ZeRO-DP"
+    return "DP+GC" if code.endswith("-gc") or "-gc-" in code else "DP"
+
+
+FAMILY_COLOURS = {"DP": "tab:blue", "DP+GC": "tab:cyan", "ZeRO-DP": "tab:green", "ZeRO-Offload": "tab:orange",
+                  "3D (TP/PP)": "tab:red"}
+
+
+def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    labels = run_labels(runs)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, s in zip(labels, summaries):
+        jct = np.sort([j["jct_s"] / 3600 for j in s["per_job"] if j["jct_s"] is not None])
+        if len(jct):
+            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out / "jct_cdf.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    timelines = []
+    for run in runs:
+        log = Path(run) / EVENTS_DIR
+        timelines.append(build(read_events(log).events) if log.is_dir() else None)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, tl in zip(labels, timelines):
+        if tl is None or not tl.total_gpus:
+            continue
+        t, held = held_series(tl)
+        ax1.step(t / 3600, held / tl.total_gpus, where="post", label=label, lw=0.8)
+        if tl.queue:
+            q = np.array(tl.queue)
+            ax2.step(q[:, 0] / 3600, q[:, 1], where="post", label=label, lw=0.8)
+    ax1.set_ylabel("GPU utilisation (held)")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.set_ylabel("jobs waiting")
+    ax2.set_xlabel("time (hours)")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    written.append(out / "utilisation.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    for label, tl in zip(labels, timelines):
+        if tl is None:
+            continue
+        jobs = sorted(tl.jobs.values(), key=lambda j: (j.submitted, j.job_id))
+        fig, ax = plt.subplots(figsize=(11, max(4.0, min(40.0, len(jobs) * 0.03))))
+        lines, colours, widths = [], [], []
+        for row, job in enumerate(jobs):
+            for s in job.segments:
+                lines.append([(s.start / 3600, row), (s.end / 3600, row)])
+                colour = matplotlib.colors.to_rgba(FAMILY_COLOURS[_plan_family(s.plan)],
+                                                   1.0 if s.state == "run" else 0.3)
+                colours.append(colour)
+                widths.append(max(0.5, min(4.0, s.gpus / 8)))
+        ax.add_collection(LineCollection(lines, colors=colours, linewidths=widths))
+        ax.autoscale()
+        ax.invert_yaxis()
+        ax.set_xlabel("time (hours)")
+        ax.set_ylabel("job (by submission)")
+        ax.set_title(f"{label}: plan per job over time (pale = restarting, width ~ GPUs)")
+        for fam, c in FAMILY_COLOURS.items():
+            ax.plot([], [], color=c, label=fam)
+        ax.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        written.append(out / f"timeline-{label}.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    return written

@@ -1,0 +1,189 @@
+"""Deterministic replay: feed a recorded run's inputs to fresh cores and compare their answers.
+
+The control-plane cores named in `run.json` (admission, modeler, policy) are rebuilt from the
+recorded configuration and starting parameters. The recorded stream is walked in sequence order:
+an event one of those cores produced in the run is compared, byte for byte, with what the rebuilt
+core produces now (each core's answers are matched in the order it gave them); every recorded event
+is then delivered to the cores that subscribe to it, as in the run. Everything else in the log
+(submissions, node events, the agents' lifecycle events and measured iterations, clock ticks) is
+an input. The first difference stops the check; it is reported with both versions and the events
+just before it.
+
+A missing or unreadable file, or a file whose bytes differ from the run's manifest, is reported by
+name; the check stops at the first gap in the stream and says which decisions it could not check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.eventlog import scan
+from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
+from controlplane.bus.base import matches_any
+
+from .config import PolicyFactory, RunConfig, control_cores, load_parts
+from .record import read_run
+
+
+@dataclass
+class Divergence:
+    seq: int
+    core: str
+    recorded: Any
+    replayed: Any
+    before: list[tuple[int, float, str, str, str]]
+    """(seq, time, subject, id, source) of the events just before."""
+
+
+@dataclass
+class VerifyResult:
+    checked: dict[str, int] = field(default_factory=dict)
+    """Base subject -> answers compared and equal."""
+    plan_decided_recorded: int = 0
+    divergence: Divergence | None = None
+    problems: list[str] = field(default_factory=list)
+    unchecked_from_seq: int | None = None
+    """Sequence from which nothing could be checked (a gap, a bad row), else None."""
+    events: int = 0
+    seconds: float = 0.0
+    simulated_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None and not self.problems and self.unchecked_from_seq is None
+
+
+def _plain(data: bytes) -> Any:
+    try:
+        return unpack(data)
+    except Invalid as exc:
+        return f"<{exc}>"
+
+
+def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult) -> list[tuple[int, Event, bytes]]:
+    """The recorded events in sequence order, up to the first gap or undecodable row."""
+    listed = {f["name"]: f for f in run.get("files", [])}
+    on_disk = {p.name for p in Path(log_dir).iterdir()} if Path(log_dir).is_dir() else set()
+    for name in sorted(listed):
+        if name not in on_disk:
+            f = listed[name]
+            result.problems.append(f"{name}: missing (events {f['first_seq']}..{f['last_seq']} of the run)")
+        elif hashlib.sha256((Path(log_dir) / name).read_bytes()).hexdigest() != listed[name]["sha256"]:
+            result.problems.append(f"{name}: its bytes differ from the run's manifest (changed or corrupt)")
+    logscan = scan(log_dir, ["subject", "data"])
+    for path, why in logscan.problems:
+        result.problems.append(f"{path.name}: {why}")
+    frame = logscan.frame.sort("seq")
+    out: list[tuple[int, Event, bytes]] = []
+    expect = 1
+    for seq, subject, data in frame.select("seq", "subject", "data").iter_rows():
+        if seq != expect:
+            result.unchecked_from_seq = expect
+            result.problems.append(f"events {expect}..{seq - 1} are not in the log: nothing from event {expect} "
+                                   "on can be checked")
+            break
+        try:
+            out.append((seq, decode(data, subject), data))
+        except Invalid as exc:
+            result.unchecked_from_seq = seq
+            result.problems.append(f"event {seq} ({subject}) cannot be decoded ({exc}): nothing from it on can be "
+                                   "checked")
+            break
+        expect += 1
+    last = max((f["last_seq"] for f in listed.values()), default=0)
+    if result.unchecked_from_seq is None and expect <= last:
+        result.unchecked_from_seq = expect
+        result.problems.append(f"events {expect}..{last} of the run are not in the log: not checked")
+    return out
+
+
+def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, context: int = 5,
+           only: tuple[str, ...] | None = None) -> VerifyResult:
+    """Check the run in `log_dir`. `only` names the cores to rebuild (e.g. `("policy",)`); the recorded
+    answers of the others are then inputs like the rest (faster: the modeler's refits are not redone)."""
+    t0 = time.perf_counter()
+    log_dir = Path(log_dir)
+    result = VerifyResult()
+    try:
+        run = read_run(log_dir)
+    except FileNotFoundError:
+        result.problems.append("run.json: missing, so the cores that made the run cannot be rebuilt; nothing "
+                               "checked")
+        return result
+    except ValueError as exc:
+        result.problems.append(f"run.json: unreadable ({exc}); nothing checked")
+        return result
+    cfg = RunConfig.from_json(run["config"])
+    cores = control_cores(cfg, load_parts(params=run["params"]), policy_factory)
+    if only is not None:
+        unknown = sorted(set(only) - {c.name for c in cores})
+        if unknown:
+            raise ValueError(f"no core named {', '.join(unknown)} (cores: {', '.join(c.name for c in cores)})")
+        cores = [c for c in cores if c.name in only]
+    owner = {src: c.name for c in cores for src in run["sources"].get(c.name, [])}
+    routes: dict[str, list[Any]] = {}
+    produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
+    recorded = load_recorded(log_dir, run, result)
+    result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
+    window: deque[tuple[int, float, str, str, str]] = deque(maxlen=context)
+    for seq, event, data in recorded:
+        core = owner.get(event.source)
+        if core is not None:
+            queue = produced[core]
+            mine, mine_bytes = queue.popleft() if queue else (None, None)
+            if mine_bytes != data:
+                result.divergence = Divergence(seq, core, _plain(data),
+                                               None if mine_bytes is None else _plain(mine_bytes), list(window))
+                break
+            result.checked[event.base] = result.checked.get(event.base, 0) + 1
+        base = event.base
+        subs = routes.get(base)
+        if subs is None:
+            subs = routes[base] = [c for c in cores if matches_any(c.subjects, base)]
+        for c in subs:
+            for out in c.handle(event):
+                produced[c.name].append((out, encode(out)))
+        window.append((seq, event.time, event.subject, event.id, event.source))
+        result.events += 1
+        result.simulated_s = event.time
+    if result.divergence is None and result.unchecked_from_seq is None:
+        for name, queue in produced.items():
+            if queue:
+                extra, data = queue[0]
+                result.divergence = Divergence(len(recorded) + 1, name, None, _plain(data), list(window))
+                break
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def format_result(result: VerifyResult, log_dir: Path) -> str:
+    lines = [f"replay of {log_dir}: {result.events} events fed in {result.seconds:.2f} s "
+             f"({result.simulated_s / 3600:.1f} simulated hours)"]
+    for p in result.problems:
+        lines.append(f"problem: {p}")
+    checked = ", ".join(f"{k} {v}" for k, v in sorted(result.checked.items())) or "nothing"
+    lines.append(f"reproduced byte for byte: {checked} "
+                 f"(plan.decided: {result.checked.get('plan.decided', 0)} of {result.plan_decided_recorded} recorded)")
+    d = result.divergence
+    if d is not None:
+        lines.append(f"DIVERGED at event {d.seq} (answer of the {d.core} core)")
+        lines.append("  events just before:")
+        for seq, t, subject, eid, source in d.before:
+            lines.append(f"    #{seq} t={t:.3f} {subject} id={eid} source={source}")
+        lines.append(f"  recorded: {_show(d.recorded)}")
+        lines.append(f"  replayed: {_show(d.replayed)}")
+    elif result.ok:
+        lines.append("OK: every recorded decision was reproduced")
+    return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(nothing)"
+    text = repr(to_plain(value) if not isinstance(value, (dict, list, str)) else value)
+    return text if len(text) <= 4000 else text[:4000] + "..."

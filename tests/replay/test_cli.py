@@ -1,0 +1,49 @@
+"""`rubick simulate`, `report` and `replay` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+from controlplane.cli import main
+
+from .conftest import trace_slice
+
+
+def test_simulate_report_and_replay(tmp_path, capsys):
+    trace = trace_slice(tmp_path, "workload-mt.csv", rows=25, start=20)
+    runs = tmp_path / "runs"
+    assert main(["simulate", "--trace", str(trace), "--cluster", "8x8", "--policies", "rubick,antman",
+                 "--out", str(runs)]) == 0
+    printed = capsys.readouterr().out
+    assert "rubick: 25/25 jobs done" in printed and "events/s" in printed and "modeler" in printed
+    for name in ("rubick", "antman"):
+        summary = json.loads((runs / name / "summary.json").read_text())
+        assert summary["config"]["policy"] == name and summary["config"]["trace"] == str(trace)
+        assert summary["guaranteed"]["n"] > 0
+    assert main(["report", str(runs / "rubick"), str(runs / "antman"), "--out", str(tmp_path / "rep")]) == 0
+    table = capsys.readouterr().out
+    assert "avg JCT h" in table and "SLO viol." in table
+    assert [line.split()[0] for line in table.splitlines()[2:4]] == ["rubick", "antman"]
+    for png in ("jct_cdf.png", "utilisation.png", "timeline-rubick.png", "timeline-antman.png"):
+        data = (tmp_path / "rep" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert main(["replay", str(runs / "rubick" / "events")]) == 0
+    assert "OK: every recorded decision was reproduced" in capsys.readouterr().out
+    assert main(["replay", str(runs / "rubick" / "events"), "--policy", "equal", "--out", str(tmp_path / "wi")]) == 0
+    assert json.loads((tmp_path / "wi" / "summary.json").read_text())["config"]["policy"] == "equal"
+
+
+def test_bad_traces_are_refused_or_skipped_by_line(tmp_path, capsys):
+    trace = tmp_path / "bad.csv"
+    trace.write_text("name,submission_time,duration,application,num_gpus,num_cpus,bandwidth,exec_plan,steps,is_sla\n"
+                     "a-0,0,1,vit,1,8,0,ga,5,0\nb-1,1,1,vit,0,8,0,ga,5,0\nc-2,2,1,vit,1,8,0,ga,5,0\n")
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "line 3: zero or negative GPUs" in err and not out.exists()
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(out), "--on-bad", "skip"]) == 0
+    captured = capsys.readouterr()
+    assert "1 bad line(s) skipped" in captured.err and "2/2 jobs done" in captured.out
+    assert main(["simulate", "--trace", str(trace), "--policy", "nope", "--out", str(out)]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "nowhere")]) == 2
