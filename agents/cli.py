@@ -1,0 +1,85 @@
+"""`rubick agent` (the node agent) and `rubick profile` (measure a model type on this machine)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from controlplane.cli.common import add_nats_args, fail
+from controlplane.runtime import resolve_nats_url
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("agent", help="run the node agent: register, heartbeat, carry out plan.decided")
+    add_nats_args(p)
+    p.add_argument("--node", default=socket.gethostname().split(".")[0], help="node name (default: host name)")
+    p.add_argument("--cpu-devices", type=int, default=0, metavar="N",
+                   help="no GPUs: offer N CPU worker slots as the node's devices")
+    p.add_argument("--cpus", type=int, default=0, help="CPU cores offered (default: all usable)")
+    p.add_argument("--mem-gb", type=float, default=0.0, help="host memory offered, GB (default: all)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="jobs' run files, logs, checkpoints (default: <data-dir>/agent-<node>)")
+    p.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats")
+    p.add_argument("--stop-timeout", type=float, default=300.0,
+                   help="seconds a job gets to checkpoint and exit before it is killed")
+    p.add_argument("--size", default="tiny", help="example trainer: model size (tiny, small, medium)")
+    p.add_argument("--seed", type=int, default=0, help="example trainer: seed")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="example trainer: also checkpoint every N iterations (0: only when asked)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_agent)
+
+    from .profile import register_profile
+    register_profile(sub)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.cpu_devices < 0:
+        return fail("--cpu-devices must be >= 0")
+    url = resolve_nats_url(args.nats_url, args.data_dir)
+    try:
+        return asyncio.run(_agent(args, url))
+    except (ConnectionError, OSError) as exc:
+        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+
+
+async def _agent(args: argparse.Namespace, url: str) -> int:
+    from controlplane.bus.nats import JetStreamBus
+
+    from .launcher import LocalLauncher
+    from .node import discover
+    from .shell import AgentShell, state_dir_for
+
+    capacity = discover(args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
+                        mem_gb=args.mem_gb or None)
+    if capacity.gpus == 0:
+        print(f"rubick agent: no GPUs found on {args.node}; use --cpu-devices N to run on the CPU", flush=True)
+    state_dir = args.state_dir or state_dir_for(args.data_dir, args.node)
+    launcher = LocalLauncher(state_dir, args.node, url, cpu_devices=capacity.cpu_devices,
+                             run_extra={"size": args.size, "seed": args.seed,
+                                        "checkpoint_every": args.checkpoint_every},
+                             stop_timeout_s=args.stop_timeout)
+    bus = await JetStreamBus.connect(url, name=f"rubick-agent-{args.node}")
+    shell = AgentShell(bus, capacity, launcher, heartbeat_s=args.heartbeat)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        task = asyncio.create_task(shell.run(stop))
+        ready = asyncio.create_task(shell.ready.wait())
+        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+        print(f"agent {args.node} ready: {capacity.gpus} {'CPU device slots' if capacity.cpu_devices else 'GPUs'}, "
+              f"{capacity.cpus} CPUs, {capacity.mem_gb:g} GB | NATS {url} | state {state_dir}", flush=True)
+        await task
+    finally:
+        await bus.close()
+    return 0

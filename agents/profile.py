@@ -1,0 +1,2 @@
+def register_profile(sub):
+    pass

@@ -1,0 +1,133 @@
+"""The node agent's shell: the bus, the clock and the processes around `AgentCore`.
+
+Start-up: register the node, replay the stream through the core (facts only), find the jobs
+left on disk by an earlier agent (`reconcile`: take over the live ones, report the ended ones,
+carry out accepted decisions never acted on), then go live: consume `job.*` and
+`plan.decided[.<node>]`, poll the processes, heartbeat. Undecodable messages are skipped
+(admission answers them); bad decisions get `plan.rejected` from the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.bus.base import Bus
+from controlplane.events import Event, Invalid, NodeHeartbeat, decode, encode, make, new_id
+
+from .core import AgentCore, Exited, Kill, Launch, LaunchFailed, Started, Stop
+from .launcher import LaunchError, LocalLauncher
+from .node import NodeCapacity
+from .plan_check import TrainerLimits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentShell:
+    bus: Bus
+    capacity: NodeCapacity
+    launcher: LocalLauncher
+    limits: TrainerLimits = field(default_factory=TrainerLimits)
+    heartbeat_s: float = 5.0
+    poll_s: float = 0.2
+    core: AgentCore = field(init=False)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    restored: int = 0
+
+    def __post_init__(self) -> None:
+        self.core = AgentCore(self.capacity, self.limits)
+
+    @property
+    def node(self) -> str:
+        return self.capacity.node
+
+    async def publish(self, events: list[Event]) -> None:
+        for e in events:
+            await self.bus.publish(e.subject, encode(e), e.id)
+
+    def _event(self, subject: str, payload) -> Event:
+        return make(subject, payload, time=time.time(), id=new_id(f"{self.node}-"), source=f"agent-{self.node}")
+
+    async def start(self) -> int:
+        """Register, restore, reconcile. Returns the last stream sequence restored."""
+        await self.publish([self._event("node.registered", self.capacity.registered())])
+        upto = await self.bus.last_seq()
+        self.core.restoring = True
+        async for d in self.bus.read(tuple(self.core.subjects), 1, upto):
+            try:
+                self.core.handle(decode(d.data, d.subject))
+                self.restored += 1
+            except Invalid:
+                continue
+        found = self.launcher.find()
+        out = self.core.reconcile(found, time.time())
+        await self.publish(out)
+        await self._act()
+        adopted = [f.job_id for f in found if f.alive]
+        log.info("agent %s: %d events restored, jobs found alive: %s", self.node, self.restored, adopted or "none")
+        return upto
+
+    async def run(self, stop: asyncio.Event) -> None:
+        upto = await self.start()
+        consumer = await self.bus.consumer(f"agent-{self.node}", tuple(self.core.subjects))
+        self.ready.set()
+        beat_at = 0.0
+        try:
+            while not stop.is_set():
+                for d in await consumer.fetch(64, timeout=self.poll_s):
+                    if d.seq > upto:
+                        await self._deliver(d)
+                    await d.ack()
+                await self._watch()
+                if time.monotonic() - beat_at >= self.heartbeat_s:
+                    beat_at = time.monotonic()
+                    await self.publish([self._event("node.heartbeat",
+                                                    NodeHeartbeat(node=self.node, jobs=self.core.running_jobs()))])
+        finally:
+            await consumer.close()
+
+    async def _deliver(self, d) -> None:
+        try:
+            event = decode(d.data, d.subject)
+        except Invalid as exc:
+            log.info("agent %s: skipped undecodable seq %d on %s: %s", self.node, d.seq, d.subject, exc)
+            return
+        try:
+            out = self.core.handle(event)
+        except Exception:  # a core bug must not take the node's jobs down with the agent
+            log.exception("agent %s: handler failed on seq %d", self.node, d.seq)
+            return
+        await self.publish(out)
+        await self._act()
+
+    async def _watch(self) -> None:
+        for fact in self.launcher.poll():
+            await self.publish(self.core.observe(fact))
+            if isinstance(fact, Exited) and fact.job_id not in self.core.local:
+                self.launcher.forget(fact.job_id)
+            await self._act()
+
+    async def _act(self) -> None:
+        """Carry out the core's actions; launching may lead to more (a failed launch frees devices)."""
+        while actions := self.core.take_actions():
+            for a in actions:
+                if isinstance(a, Launch):
+                    try:
+                        self.launcher.launch(a)
+                        fact = Started(a.job.job_id, a.attempt, time.time())
+                    except LaunchError as exc:
+                        fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), str(exc))
+                    await self.publish(self.core.observe(fact))
+                elif isinstance(a, Stop):
+                    self.launcher.request_stop(a.job_id, a.attempt)
+                elif isinstance(a, Kill):
+                    self.launcher.kill(a.job_id)
+                    self.launcher.forget(a.job_id)
+
+
+def state_dir_for(base: Path, node: str) -> Path:
+    return Path(base) / f"agent-{node}"
