@@ -161,6 +161,7 @@ def _finished(status: str):
         if job is None:
             return
         job.status, job.allocation = status, ()
+        job.decided_allocation, job.decided_plan = (), None  # its resources are free again
         if status == "completed":
             job.finished_at = t
             job.iterations_done = max(job.iterations_done, x.iterations)

@@ -270,29 +270,52 @@ class RubickEngine:
                 job.best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), self._cpg_of(job))
 
     def _privileged(self) -> None:
+        """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
+        guaranteed job that meets its guarantee keeps it; one that does not (it ran over quota
+        before, or its placement is too fragmented) is placed again as a privileged job."""
         used: dict[str, int] = {}
-        # running guaranteed jobs keep their guarantee, charged first
+        retry = []
         for job in self.jobs.values():
-            if job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g:
+            if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
+                continue
+            if job.best is not None and job.best.throughput >= job.ref * (1 - 1e-6):
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+            else:
+                retry.append(job)
         for job in self.jobs.values():
-            if not job.inp.guaranteed or job.g:
+            if not job.inp.guaranteed or (job.g and job not in retry):
                 continue
             if self._quota_left(job, used) < job.min_g:
                 job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
                 self._best_effort(job)
                 continue
             job.privileged = True
+            released = _Journal()
+            if job.g:
+                self._release(released, job)
             if self._schedule_job(job):
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 job.reason = "guarantee"
+                job.forced = bool(released.ops)
             else:
+                self._undo(released)
                 job.privileged = False
                 self._best_effort(job)
         for job in self.jobs.values():
             if job.inp.guaranteed and not job.privileged:
                 self._best_effort(job)
+
+    def _release(self, jr: _Journal, job: _Job) -> None:
+        for node in list(job.g_on):
+            jr.set(self.free_g, node, self.free_g[node] + job.g_on[node])
+            jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
+            jr.set(self.on_node, node, self.on_node[node] - {job.id})
+            jr.set(job.g_on, node, None)
+            jr.set(job.c_on, node, None)
+        jr.set(job.__dict__, "g", 0)
+        jr.set(job.__dict__, "best", None)
+        self._free_list = None
 
     def _best_effort(self, job: _Job) -> None:
         """A guaranteed job outside its quota runs as best-effort: no minimum."""
@@ -588,5 +611,7 @@ class RubickEngine:
         reason = job.reason or ("start" if not job.inp.current else "keep")
         detail = dict(job.detail)
         detail.setdefault("slope", f"{slope_down(job.curve, job.g):.4g}")
+        if job.inp.guaranteed and not job.privileged:
+            detail["quota"] = "exceeded" if self._quota(job) else "none"  # runs as best-effort
         detail["normalised"] = f"{tput / job.ref:.4g}" if job.ref > 0 else "0"
         return Outcome(job.id, shares, plan, tput, reason, detail)
