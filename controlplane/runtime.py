@@ -45,6 +45,11 @@ class UpConfig:
     roll_seconds: float = 2.0
     roll_rows: int = 200_000
     log_dir: Path | None = None
+    policy: str = "rubick"
+    """The scheduling policy (one of `policy.registry.POLICIES`)."""
+    restart_cost_s: float = 78.0
+    quotas: dict[str, int] | None = None
+    """GPUs per tenant for guaranteed jobs (None: the whole cluster for every tenant)."""
 
     @property
     def event_log(self) -> Path:
@@ -72,6 +77,8 @@ class ControlPlane:
     nats_url: str = ""
     metrics_url: str = ""
     ready_s: float = 0.0
+    models_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the modeler and the policy consume events (they start after the rest)."""
 
     async def start(self) -> "ControlPlane":
         t0 = time.perf_counter()
@@ -104,21 +111,28 @@ class ControlPlane:
         self.ready_s = time.perf_counter() - t0
         self._write_endpoints()
         # services whose cores take a while to build start after the control plane is ready
-        self.tasks.append(asyncio.create_task(self._run_modeler(), name="modeler"))
+        self.tasks.append(asyncio.create_task(self._run_model_services(), name="modeler+policy"))
         return self
 
-    async def _run_modeler(self) -> None:
+    async def _run_model_services(self) -> None:
+        """The modeler and the policy, seeded with the same fitted parameters."""
         try:
-            from modeler.service import make_core
-        except ImportError as exc:  # a deployment without the modeler package
-            log.warning("modeler not started: %s", exc)
+            cores = await asyncio.to_thread(model_cores, self.config)
+        except ImportError as exc:  # a deployment without the modeler or policy package
+            log.warning("modeler and policy not started: %s", exc)
             return
-        core = await asyncio.to_thread(make_core)
         if self.stop_event.is_set():
             return
-        shell = ServiceShell(core, self.bus)
-        self.shells.append(shell)
-        await shell.run(self.stop_event)
+        shells = [ServiceShell(core, self.bus) for core in cores]
+        self.shells.extend(shells)
+        runs = [asyncio.create_task(s.run(self.stop_event), name=s.name) for s in shells]
+        waits = [asyncio.create_task(s.ready.wait()) for s in shells]
+        await asyncio.wait([*runs, asyncio.gather(*waits)], return_when=asyncio.FIRST_COMPLETED)
+        if all(s.ready.is_set() for s in shells):
+            self.models_ready.set()
+        for w in waits:
+            w.cancel()
+        await asyncio.gather(*runs)
 
     async def _until_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -163,6 +177,19 @@ class ControlPlane:
             await asyncio.to_thread(self.server.stop)
         endpoints = Path(self.config.data_dir) / ENDPOINTS
         endpoints.unlink(missing_ok=True)
+
+
+def model_cores(cfg: UpConfig) -> list:
+    """The modeler core (fitted on the built-in measurements) and the policy core seeded from it."""
+    from modeler.service import make_core
+    from policy.oracle import from_modeler
+    from policy.registry import make_policy
+
+    modeler = make_core()
+    oracle, models = from_modeler(modeler)
+    policy = make_policy(cfg.policy, oracle=oracle, models=models, restart_cost_s=cfg.restart_cost_s,
+                         quotas=cfg.quotas)
+    return [modeler, policy]
 
 
 def read_endpoints(data_dir: Path = DEFAULT_DATA_DIR) -> dict | None:

@@ -60,6 +60,8 @@ class JobState:
     reconfigurations: int = 0
     restart_cost_s: float = 0.0
     failure: str = ""
+    submission_id: str = ""
+    """id of the `job.submitted` event that created the job."""
 
     @property
     def gpus(self) -> int:
@@ -123,6 +125,10 @@ class ClusterState:
         handler = _HANDLERS.get(event.base)
         if handler is not None:
             handler(self, event.payload, event.time)
+            if event.base == "job.submitted":
+                job = self.jobs.get(event.payload.job_id)
+                if job is not None and not job.submission_id:
+                    job.submission_id = event.id
 
 
 def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
@@ -161,7 +167,7 @@ def _finished(status: str):
         if job is None:
             return
         job.status, job.allocation = status, ()
-        job.decided_allocation, job.decided_plan = (), None  # its resources are free again
+        job.decided_allocation = ()  # its resources are free again (the decided plan stays as history)
         if status == "completed":
             job.finished_at = t
             job.iterations_done = max(job.iterations_done, x.iterations)
@@ -174,8 +180,15 @@ def _finished(status: str):
 
 
 def _rejected(s: ClusterState, x: p.Rejected, t: float) -> None:
-    if x.subject == "job.submitted" and x.job_id and x.job_id not in s.jobs:
+    if x.subject != "job.submitted" or not x.job_id:
+        return
+    job = s.jobs.get(x.job_id)
+    if job is None:
         s.rejected.setdefault(x.job_id, x.reason)
+    elif x.event_id and x.event_id == job.submission_id and job.status == "queued" and not job.decided_allocation:
+        # refused after admission (the policy found no plan that runs it): it never becomes a job
+        del s.jobs[x.job_id]
+        s.rejected[x.job_id] = x.reason
 
 
 def _node_registered(s: ClusterState, x: p.NodeRegistered, t: float) -> None:

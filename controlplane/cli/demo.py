@@ -50,6 +50,10 @@ async def _demo(data_dir: Path, jobs_dir: Path) -> int:
     plane = await ControlPlane(cfg).start()
     print(plane.summary())
     try:
+        try:
+            await asyncio.wait_for(plane.models_ready.wait(), 60)
+        except asyncio.TimeoutError:
+            print("modeler and policy not ready after 60 s; going on without them")
         async with await Client.connect(plane.nats_url) as client:
             for i in range(2):
                 node = NodeRegistered(node=f"node-{i}", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
@@ -77,5 +81,14 @@ async def _demo(data_dir: Path, jobs_dir: Path) -> int:
     result = scan(cfg.event_log)
     counts = result.frame.group_by("subject").len().sort("subject")
     print("event log: " + ", ".join(f"{s} {n}" for s, n in counts.iter_rows()))
-    print("\n" + render(fold(log_events(cfg.event_log).events, known_models=builtin_model_types())))
+    decoded = log_events(cfg.event_log).events
+    print("\nplan.decided by the policy:")
+    for e in decoded:
+        if e.base == "plan.decided":
+            for d in e.payload.decisions:
+                where = ", ".join(f"{s.node} {s.gpus} GPUs {s.cpus} CPUs" for s in d.allocation) or "nothing"
+                plan = d.plan.code() if d.plan else "-"
+                print(f"  round {e.payload.round}: {d.job_id}: {plan} on {where} "
+                      f"({d.predicted_throughput:g} samples/s; {d.reason})")
+    print("\n" + render(fold(decoded, known_models=builtin_model_types())))
     return 0

@@ -20,6 +20,10 @@ def register(sub) -> None:
                    help="port of the embedded NATS server (default 4222; a free one if taken)")
     p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (default 9464; -1 = off)")
     p.add_argument("--tick-period", type=float, default=60.0, help="seconds between clock.tick (0 = none)")
+    p.add_argument("--policy", default="rubick",
+                   help="scheduling policy: rubick, rubick-e, rubick-r, rubick-n, sia, synergy, antman, equal")
+    p.add_argument("--restart-cost", type=float, default=78.0, help="seconds one reconfiguration costs (default 78)")
+    p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
     p.add_argument("--log-level", default="warning", help="python logging level")
     p.set_defaults(func=run)
@@ -27,7 +31,16 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port,
+    from .service import read_quotas
+    try:
+        quotas = read_quotas(args.quotas)
+    except (OSError, ValueError) as exc:
+        return fail(str(exc))
+    from policy.registry import POLICIES
+    if args.policy not in POLICIES:
+        return fail(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
+    cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port, policy=args.policy,
+                   restart_cost_s=args.restart_cost, quotas=quotas,
                    metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds)
     try:
         return asyncio.run(_serve(cfg))

@@ -1,0 +1,94 @@
+"""What the policy does with jobs it cannot run, quotas of zero, unknown tenants and lost nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.events import JobSubmitted, ModelRef, ModelSpec, Plan, Resources
+from policy.registry import make_policy
+
+from .helpers import Clock, decisions, job, lost, node
+from .test_guarantees import check_round, core_for
+
+
+def test_a_model_too_big_for_any_node_is_rejected_with_the_reason():
+    core = core_for("rubick")
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0", mem_gb=100.0)))
+    huge = ModelSpec(name="giant", num_params=10**13, num_layers=96, hidden_size=12288, num_heads=96, seq_len=2048,
+                     global_batch_size=8, fwd_time_s=5.0)
+    sub = JobSubmitted(job_id="giant-1", tenant="a", guaranteed=False, model=ModelRef(type="giant", spec=huge),
+                       global_batch_size=8, plan=Plan(dp=8), resources=Resources(gpus=8), target_iterations=10)
+    out = core.handle(c.ev("job.submitted", sub))
+    assert [e.subject for e in out] == ["job.rejected"]
+    assert out[0].payload.job_id == "giant-1"
+    assert "cannot run on any node" in out[0].payload.reason
+    assert "giant-1" not in core.state.jobs  # never queued silently
+    # the rejection does not disturb the next job
+    out = core.handle(c.ev("job.submitted", job("ok", "vit", 64, Plan(dp=2), 2, 16)))
+    assert decisions(out)["ok"].allocation
+
+
+def test_a_new_model_type_without_a_profiled_forward_is_rejected():
+    core = core_for("rubick")
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0")))
+    spec = ModelSpec(name="mine", num_params=10**8, num_layers=12, hidden_size=768, num_heads=12, seq_len=512,
+                     global_batch_size=32)
+    sub = JobSubmitted(job_id="mine-1", tenant="a", guaranteed=False, model=ModelRef(type="mine", spec=spec),
+                       global_batch_size=32, plan=Plan(dp=1), resources=Resources(gpus=1), target_iterations=10)
+    out = core.handle(c.ev("job.submitted", sub))
+    assert out[0].subject == "job.rejected" and "rubick profile" in out[0].payload.reason
+
+
+@pytest.mark.parametrize("quotas, tenant", [({"a": 0}, "a"), ({"a": 8}, "nobody")])
+def test_zero_quota_or_unknown_tenant_runs_guaranteed_jobs_as_best_effort(quotas, tenant):
+    core = core_for("rubick", quotas=quotas)
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0")))
+    out = core.handle(c.ev("job.submitted", job("g", "vit", 64, Plan(dp=2), 2, 16, guaranteed=True, tenant=tenant)))
+    d = decisions(out)["g"]
+    assert d.allocation, "idle GPUs are still used"
+    assert d.detail["quota"] in ("none", "exceeded")
+    # without a guarantee it can be shrunk by a best-effort job with a steeper curve
+    out = core.handle(c.ev("job.submitted", job("be", "roberta", 64, Plan(dp=1), 1, 8)))
+    assert decisions(out)["be"].allocation
+    check_round(core)
+
+
+def test_quotas_must_be_numbers():
+    with pytest.raises(ValueError):
+        core_for("rubick", quotas={"a": "lots"})
+    with pytest.raises(ValueError):
+        core_for("nope")
+
+
+def test_a_node_lost_moves_its_jobs_and_is_never_allocated_again():
+    core = core_for("rubick")
+    c = Clock()
+    for n in ("n0", "n1"):
+        core.handle(c.ev("node.registered", node(n)))
+    core.handle(c.ev("job.submitted", job("a", "gpt2", 16, Plan(dp=4, zero_stage=2), 4, 32)))
+    core.handle(c.ev("job.submitted", job("b", "vit", 64, Plan(dp=2), 2, 16)))
+    on = {s.node for j in core.state.jobs.values() for s in j.decided_allocation}
+    victim = sorted(on)[0]
+    out = core.handle(c.ev("node.lost", lost(victim)))
+    check_round(core)
+    d = decisions(out)
+    assert d, "the jobs of the lost node are decided again"
+    assert all(s.node != victim for x in d.values() for s in x.allocation)
+    assert any(x.reason == "node-lost" or x.allocation for x in d.values())
+
+
+def test_a_round_with_no_nodes_decides_nothing_and_a_node_arriving_starts_the_queue():
+    core = make_policy("rubick", **_table())
+    c = Clock()
+    assert core.handle(c.ev("job.submitted", job("a", "roberta", 64, Plan(dp=1), 1, 8))) == []
+    out = core.handle(c.ev("node.registered", node("n0")))
+    assert decisions(out)["a"].allocation
+
+
+def _table():
+    from .helpers import ENV, TABLE, models
+    from policy.oracle import TableOracle
+    return dict(oracle=TableOracle(env=ENV, table=TABLE), models=models("roberta"))
