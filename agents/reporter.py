@@ -51,6 +51,8 @@ class Reporter:
         self._stop = threading.Event()
         self._phases: dict[str, float] = {}
         self._step_t0: float | None = None
+        self.last: dict[str, float | None] = {}
+        """The latest measurement: iter_time_s, fwd_s, bwd_s, opt_s."""
         self._thread: threading.Thread | None = None
         if nats_url:
             self._thread = threading.Thread(target=self._run, name="rubick-reporter", daemon=True)
@@ -100,6 +102,7 @@ class Reporter:
     def report(self, iteration: int, iter_time_s: float, *, fwd_s: float | None = None, bwd_s: float | None = None,
                opt_s: float | None = None) -> None:
         """Queue one measurement; returns at once."""
+        self.last = {"iter_time_s": iter_time_s, "fwd_s": fwd_s, "bwd_s": bwd_s, "opt_s": opt_s}
         payload = MetricsIteration(job_id=self.job_id, model_type=self.model_type, iteration=iteration,
                                    iter_time_s=iter_time_s, plan=self.plan, gpus_per_node=self.gpus_per_node,
                                    node=self.node, cpus_per_gpu=self.cpus_per_gpu, fwd_s=fwd_s, bwd_s=bwd_s,

@@ -18,9 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).resolve().parent / "train.py"
 
 
-def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1) -> subprocess.Popen:
-    """Write the run file and start torchrun with `nproc` processes; returns at once."""
+def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
+          script: Path = TRAINER) -> subprocess.Popen:
+    """Write the run file and start torchrun with `nproc` processes running `script`; returns at once."""
     job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "control").mkdir(exist_ok=True)
     (job_dir / "control" / "stop").unlink(missing_ok=True)
     (job_dir / "status.json").unlink(missing_ok=True)
     doc = {"job_id": "local", "model_type": "example", "seed": 0, "gpus_per_node": [nproc], "node": "local",
@@ -30,7 +32,7 @@ def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1) -> s
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     log = open(job_dir / f"log-a{attempt}.txt", "wb")
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                             f"--nproc-per-node={nproc}", str(TRAINER), str(run_file)], cwd=REPO, env=env,
+                             f"--nproc-per-node={nproc}", str(script), str(run_file)], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

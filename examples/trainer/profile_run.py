@@ -1,0 +1,87 @@
+"""Measure several plans of one data-parallel size in one torchrun launch (for `rubick profile`).
+
+    torchrun --standalone --nproc-per-node=N examples/trainer/profile_run.py RUN_FILE
+
+The run file gives the architecture (`arch`: hidden, layers, heads, seq_len, vocab_size), the
+global batch, the `plans` (all with dp = N), `warmup` and `iterations`. For each plan a fresh
+model and DeepSpeed engine are built, `warmup` iterations run untimed, then `iterations` timed
+ones are published through the reporter; rank 0 writes the medians to `<job_dir>/profile.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import deepspeed  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from agents.plan_config import deepspeed_config  # noqa: E402
+from agents.reporter import Reporter  # noqa: E402
+from controlplane.events import Plan, build  # noqa: E402
+from controlplane.events.schema import to_plain  # noqa: E402
+from examples.trainer.data import SumsDataset  # noqa: E402
+from examples.trainer.model import GPTConfig, TinyGPT  # noqa: E402
+
+
+def measure(run: dict, plan: Plan, data: SumsDataset, rank: int, attempt: int) -> dict:
+    arch = run["arch"]
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=max(arch["vocab_size"], data.vocab_size), seq_len=arch["seq_len"],
+                              hidden=arch["hidden"], layers=arch["layers"], heads=arch["heads"]), plan.gc)
+    gbs = int(run["global_batch_size"])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=deepspeed_config(plan, gbs))
+    reporter = Reporter.from_run({**run, "plan": to_plain(plan), "attempt": attempt,
+                                  "nats_url": run.get("nats_url") if rank == 0 else None})
+    timed = reporter.timed(engine, 0)
+    rows = []
+    warmup, iterations = int(run.get("warmup", 2)), int(run.get("iterations", 5))
+    for it in range(warmup + iterations):
+        step = timed if it >= warmup else engine
+        for g in range(plan.ga_steps):
+            x, y = data.micro_batch(it, gbs, 0, rank, plan.dp, g, plan.ga_steps)
+            loss = step(x, y)
+            step.backward(loss)
+            step.step()
+        if it >= warmup:
+            rows.append(dict(reporter.last))
+    reporter.close()
+    if hasattr(engine, "destroy"):
+        engine.destroy()
+    del engine, model
+    gc.collect()
+    dist.barrier()
+    return {"plan": plan.code(), **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path)
+    run = json.loads(parser.parse_args().run.read_text())
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(max(1, int(run.get("cpus_per_gpu") or 1)))
+    data = SumsDataset(seq_len=int(run["arch"]["seq_len"]))
+    results = []
+    for i, doc in enumerate(run["plans"]):
+        plan = build(Plan, doc)
+        results.append(measure(run, plan, data, rank, attempt=100 * int(run.get("launch", 0)) + i + 1))
+    if rank == 0:
+        (Path(run["job_dir"]) / "profile.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
