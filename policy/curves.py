@@ -49,6 +49,13 @@ class JobKind:
         return plans
 
     @cached_property
+    def offload(self) -> bool:
+        """Whether any plan of this kind runs on the CPUs (ZeRO-Offload)."""
+        if self.template is not None:
+            return self.template.offload
+        return any(f.startswith("zero-offload") for f in self.families)
+
+    @cached_property
     def cache_key(self) -> tuple:
         return (self.model.name, self.global_batch, self.families, self.template, self.scale_dp)
 
@@ -118,8 +125,13 @@ class PlanBook:
         self.evaluations += len(plans)
         return list(zip(resolved, (float(t) for t in times)))
 
+    def _cpg(self, kind: JobKind, cpus_per_gpu: int) -> int:
+        """CPUs per GPU as far as they matter: only ZeRO-Offload runs anything on the CPUs."""
+        return min(max(1, cpus_per_gpu), self.max_cpus_per_gpu) if kind.offload else 1
+
     def best(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         place = canonical(placement)
+        cpus_per_gpu = self._cpg(kind, cpus_per_gpu)
         key = (self._key(kind), place, cpus_per_gpu)
         hit = self._best.get(key)
         if hit is None:
@@ -131,8 +143,14 @@ class PlanBook:
         """Find the best plans of many (placement, CPUs per GPU) in one oracle call."""
         vkey = self._key(kind)
         todo, items, spans = [], [], []
-        for place, cpg in wanted:
+        expanded = []
+        for place, cpg in wanted:  # a placement missed at one CPU count is evaluated at all of them
             place = canonical(place)
+            if kind.offload and (vkey, place, self._cpg(kind, cpg)) not in self._best:
+                expanded.extend((place, c) for c in range(1, self.max_cpus_per_gpu + 1))
+            else:
+                expanded.append((place, self._cpg(kind, cpg)))
+        for place, cpg in expanded:
             if (vkey, place, cpg) in self._best or (place, cpg) in todo:
                 continue
             plans = kind.plans(place) if place else ()
@@ -155,6 +173,7 @@ class PlanBook:
 
     def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         """The best plan on `placement` or on a placement left by trimming its smallest nodes."""
+        cpus_per_gpu = self._cpg(kind, cpus_per_gpu)
         key = (self._key(kind), canonical(placement), cpus_per_gpu)
         hit = self._within.get(key)
         if hit is None:
@@ -193,9 +212,7 @@ class PlanBook:
         curve = self._cpu_curves.get(key)
         if curve is None:
             raw = np.zeros(self.max_cpus_per_gpu + 1)
-            offload = kind.template.offload if kind.template is not None else \
-                any(f.startswith("zero-offload") for f in kind.families)
-            if offload:
+            if kind.offload:
                 self.fill(kind, [(place, c) for c in range(1, self.max_cpus_per_gpu + 1)])
                 for c in range(1, self.max_cpus_per_gpu + 1):
                     raw[c] = self.best(kind, place, c).throughput

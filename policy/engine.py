@@ -29,6 +29,7 @@ waits (`rubick-e`, `rubick-n`); the plan space comes from each job's `JobKind`.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -171,16 +172,18 @@ class RubickEngine:
         self.jobs: dict[str, _Job] = {}
         self.placed: dict[str, _Job] = {}
         """jobs holding GPUs (a superset: entries may have dropped to zero)."""
-        self.min_down = 0.0
-        """a lower bound of the slopes of all jobs over their minimum (no shrink below it helps)."""
+        self.by_down: list[tuple[float, int, str]] = []
+        """(slope, -order, id) of every job holding GPUs over its minimum, lowest slope first."""
+        self._dkey: dict[str, tuple[float, int, str]] = {}
+        self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
         for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
             self.jobs[inp.job_id] = self._prepare(inp)
         self._place_current()
+        for job in self.jobs.values():
+            self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
-        over = [j.down() for j in self.placed.values() if j.g and self._over_min(j)]
-        self.min_down = min(over) if over else math.inf
         for job in queue:
             self._schedule_job(job)
         return [self._finish(j) for j in self.jobs.values()]
@@ -281,6 +284,7 @@ class RubickEngine:
             if job.best is not None and job.best.throughput >= job.ref * (1 - 1e-6):
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+                self._reindex(job)
             else:
                 retry.append(job)
         for job in self.jobs.values():
@@ -299,7 +303,7 @@ class RubickEngine:
                 job.reason = "guarantee"
                 job.forced = bool(released.ops)
             else:
-                self._undo(released)
+                self._undo(released, [job])
                 job.privileged = False
                 self._best_effort(job)
         for job in self.jobs.values():
@@ -322,6 +326,7 @@ class RubickEngine:
         if not self.fixed_resources and (job.min_g or job.min_c):
             job.min_g = job.min_c = 0
             self._tables(job)
+            self._reindex(job)
 
     def _quota(self, job: _Job) -> int:
         if self.quotas is None:
@@ -372,11 +377,27 @@ class RubickEngine:
         up = job.up()
         if under or up > self.min_down + EPS:
             shrinkable = set()
-            for v in self.placed.values():
-                if v is not job and v.g and self._over_min(v) and (under or v.down() + EPS < up):
-                    shrinkable.update(v.g_on)
+            for slope, _, vid in self.by_down:
+                if not under and slope + EPS >= up:
+                    break
+                if vid != job.id:
+                    shrinkable.update(self.jobs[vid].g_on)
             order += sorted(shrinkable - seen)
         return order
+
+    def _reindex(self, job: _Job) -> None:
+        old = self._dkey.pop(job.id, None)
+        if old is not None:
+            del self.by_down[bisect.bisect_left(self.by_down, old)]
+        if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
+                job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
+            key = (job.down(), -job.inp.order, job.id)
+            bisect.insort(self.by_down, key)
+            self._dkey[job.id] = key
+
+    @property
+    def min_down(self) -> float:
+        return self.by_down[0][0] if self.by_down else math.inf
 
     def _over_min(self, victim: _Job) -> bool:
         if victim.g - 1 < victim.min_g or victim.g <= 0:
@@ -388,6 +409,8 @@ class RubickEngine:
         for vid in self.on_node[node]:
             if vid == job.id:
                 continue
+            if vid not in self._dkey:  # not over its minimum when the attempt began
+                continue
             v = self.jobs[vid]
             if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
                 continue
@@ -397,8 +420,13 @@ class RubickEngine:
         return best
 
     def _keeps_guarantee(self, v: _Job, node: str) -> bool:
-        place = [g - (1 if n == node else 0) for n, g in v.g_on.items()]
-        return self.book.best_within(v.inp.kind, tuple(place), self._cpg_of(v)).throughput >= v.ref * (1 - 1e-6)
+        place = tuple(g - (1 if n == node else 0) for n, g in v.g_on.items())
+        key = (v.id, place, self._cpg_of(v))
+        hit = self._guarantee_memo.get(key)
+        if hit is None:
+            hit = self._guarantee_memo[key] = \
+                self.book.best_within(v.inp.kind, place, key[2]).throughput >= v.ref * (1 - 1e-6)
+        return hit
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         if src is None:
@@ -428,6 +456,11 @@ class RubickEngine:
         before = (dict(job.g_on), dict(job.c_on), job.best)
         if not before[0] and not self._free_nodes() and job.g >= job.min_g and job.up() <= self.min_down + EPS:
             return False
+        if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
+            spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
+                                                   for _, _, vid in self.by_down if vid != job.id)
+            if job.g + spare < job.min_g:
+                return False
         victims: dict[str, _Job] = {}
         need = lambda: job.want_g - job.g  # noqa: E731
         for node in self._node_order(job):
@@ -445,18 +478,16 @@ class RubickEngine:
                     victims[victim.id] = victim
                 else:
                     break
+        touched = [job, *victims.values()]
         if job.g < max(1, job.min_g) or not self._settle(jr, job):
-            self._undo(jr)
+            self._undo(jr, touched)
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
-            self._undo(jr)
+            self._undo(jr, touched)
             return True
         self.placed[job.id] = job
-        if self._over_min(job):
-            self.min_down = min(self.min_down, job.down())
-        for v in victims.values():
-            if v.g and self._over_min(v):
-                self.min_down = min(self.min_down, v.down())
+        for t in touched:
+            self._reindex(t)
         for v in victims.values():
             v.forced = True
             v.reason = "shrunk" if v.g else "preempted"
@@ -465,10 +496,12 @@ class RubickEngine:
             job.detail = {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"}
         return True
 
-    def _undo(self, jr: _Journal) -> None:
+    def _undo(self, jr: _Journal, touched: list[_Job] = ()) -> None:
         if any(d is self.free_g for d, _, _ in jr.ops):
             self._free_list = None
         jr.undo()
+        for t in touched:
+            self._reindex(t)
 
     def _settle(self, jr: _Journal, job: _Job) -> bool:
         """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
