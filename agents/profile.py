@@ -119,6 +119,10 @@ def run_profile(args: argparse.Namespace) -> int:
     for plan in plans:
         r = results[plan.code()]
         print(f"{plan.code():28s} {r['iter_time_s']:9.4f} {r['fwd_s']:9.4f} {r['bwd_s']:9.4f} {r['opt_s']:9.4f}")
+    unsent = sum(int(r.get("unsent", 0)) for r in results.values())
+    if url and unsent:
+        print(f"rubick profile: {unsent} measurements could not be published to {url} (is the control plane up?)",
+              file=sys.stderr)
     print(f"{len(plans)} configurations ({n_off} under ZeRO-Offload){' published to ' + url if url else ''}; "
           f"wrote {out} and {out_spec}")
     print(f"fit with: rubick model fit --spec {out_spec} --points {out} --out params-{spec.name}.json")

@@ -56,12 +56,13 @@ def measure(run: dict, plan: Plan, data: SumsDataset, rank: int, attempt: int) -
         if it >= warmup:
             rows.append(dict(reporter.last))
     reporter.close()
+    unsent = reporter.pending + reporter.dropped
     if hasattr(engine, "destroy"):
         engine.destroy()
     del engine, model
     gc.collect()
     dist.barrier()
-    return {"plan": plan.code(), **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
+    return {"plan": plan.code(), "unsent": unsent, **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
 
 
 def main() -> int:
