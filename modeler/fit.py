@@ -114,8 +114,10 @@ def check_points(model: ModelType, pts: Measurements, *, need_offload: bool = Fa
 
 
 def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: bool = False,
-        initial: PerfParams | None = None) -> FitResult:
-    """Fit the parameters of `model` on the measured points."""
+        initial: PerfParams | None = None, multi_start: bool = True) -> FitResult:
+    """Fit the parameters of `model` on the measured points. With `initial` and not `multi_start`
+    (an online refit), only the warm start is tried: the refit follows a drift, it does not
+    search the whole space again."""
     _, n_off = check_points(model, pts, need_offload=need_offload)
     batch = resolve_ga(model, env, pts.batch)
     n_3d = int((pts.batch.tp * pts.batch.pp > 1).sum())
@@ -141,7 +143,8 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         return np.concatenate(out)
 
     best = None
-    for start in ((base.as_dict() if initial else {}),) + STARTS:
+    starts = ((base.as_dict() if initial else {}),) + (STARTS if multi_start or initial is None else ())
+    for start in starts:
         x0 = np.clip(np.log([start.get(k, getattr(PerfParams(), k)) for k in names]), lo + 1e-9, hi - 1e-9)
         res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, method="trf",
                             xtol=1e-8, ftol=1e-8, max_nfev=200)

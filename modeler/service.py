@@ -195,7 +195,8 @@ class ModelerCore:
             if not subset:
                 continue
             try:
-                result = fit(st.model, self.env, _measurements(st.model, subset), initial=st.params)
+                result = fit(st.model, self.env, _measurements(st.model, subset), initial=st.params,
+                             multi_start=st.params is None)
                 break
             except (FitError, ConfigError):
                 continue

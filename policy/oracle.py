@@ -23,7 +23,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from controlplane.events import ModelUpdated, Plan
-from modeler.configs import Config, ConfigBatch
+from modeler.configs import Config, ConfigBatch, ConfigError, _stack, layout
 from modeler.env import Environment
 from modeler.memory import feasible as memory_feasible
 from modeler.memory import host_bytes, resolve_ga
@@ -50,10 +50,21 @@ class Oracle(Protocol):
 
 
 def _batch(model: ModelType, global_batch: int, items: Sequence[Item], ga_auto: bool) -> ConfigBatch:
-    return ConfigBatch.from_configs(
-        [Config(plan=p, gpus_per_node=place, cpus_per_gpu=cpg, global_batch_size=global_batch, ga_auto=ga_auto)
-         for place, cpg, p in items],
-        allow_tp_across_nodes=model.allow_tp_across_nodes)
+    """The configurations as arrays. Enumerated plans are valid by construction, so only plans from
+    elsewhere (a job's request) go through the full check."""
+    rows = []
+    for place, cpg, p in items:
+        if not isinstance(p, Plan) or p.dp * p.tp * p.pp != sum(place) or global_batch % (p.dp * p.micro_batches):
+            return ConfigBatch.from_configs(
+                [Config(plan=q, gpus_per_node=pl, cpus_per_gpu=c, global_batch_size=global_batch, ga_auto=ga_auto)
+                 for pl, c, q in items], allow_tp_across_nodes=model.allow_tp_across_nodes)
+        lay = layout(place, p.dp, p.tp, p.pp)
+        if lay.tp_inter and not model.allow_tp_across_nodes:
+            raise ConfigError(f"tp={p.tp} does not fit inside the nodes of placement {place}")
+        rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if ga_auto else p.ga_steps,
+                     p.micro_batches, global_batch, float(cpg), sum(place), lay.nodes, lay.min_node_gpus,
+                     lay.dp_inter, lay.tp_inter, lay.pp_inter))
+    return _stack(rows)
 
 
 def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
