@@ -124,5 +124,7 @@ def test_demo_runs_end_to_end():
     res = rubick("demo")
     assert res.returncode == 0, res.stderr
     assert "REJECTED (job id reused)" in res.stdout and "REJECTED (unknown model type" in res.stdout
-    assert "stopped cleanly" in res.stdout and "jobs: 4 queued; 1 rejected" in res.stdout
+    assert "stopped cleanly" in res.stdout and "jobs: 3 queued; 2 rejected" in res.stdout
+    assert "profile the model type first" in res.stdout  # a new type without a forward time: the policy refuses it
+    assert "plan.decided by the policy:" in res.stdout and "gpt2-demo-1: dp" in res.stdout
     assert time.monotonic() - t0 < 120
