@@ -49,7 +49,8 @@ def write_status(job_dir: Path, doc: dict) -> None:
 
 def stop_requested(job_dir: Path) -> bool:
     """Rank 0 looks for the stop file; every rank gets its answer (so all stop at the same iteration)."""
-    flag = torch.tensor([1 if dist.get_rank() == 0 and (job_dir / STOP).exists() else 0])
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if dist.get_rank() == 0 and (job_dir / STOP).exists() else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -63,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = build(Plan, run["plan"])
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    gpu = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo")
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != plan.gpus:
         raise SystemExit(f"world size {world} differs from the plan's dp*tp*pp = {plan.gpus}")
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         micro_loss = 0.0
         for g in range(plan.ga_steps):
             x, y = data.micro_batch(it, gbs, seed, dp_rank, plan.dp, g, plan.ga_steps)
-            loss = timed(x, y)
+            loss = timed(x.to(engine.device), y.to(engine.device))
             timed.backward(loss)
             timed.step()
             micro_loss += float(loss.detach()) / plan.ga_steps
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine.eval()
         with torch.no_grad():
-            eval_loss = float(engine(*data.eval_batch()))
+            eval_loss = float(engine(*(t.to(engine.device) for t in data.eval_batch())))
         if rank == 0:
             write_status(job_dir, {**status, "state": "completed", "iteration": it, "eval_loss": eval_loss,
                                    "completed_at": time.time()})
