@@ -140,6 +140,8 @@ class LocalJob:
     stop_asked_at: float | None = None
     reconfiguring: bool = False
     stop_reason: str = ""
+    iterations: int = 0
+    """Iterations done at the last checkpoint."""
 
 
 def _ident(*parts: Any) -> str:
@@ -216,7 +218,7 @@ class AgentCore:
                 used = (used[0] + share.gpus, used[1] + share.cpus, used[2] + share.mem_gb)
             self.decided[d.job_id] = d
             if not self.restoring:
-                self._carry_out(d, event.time)
+                out += self._carry_out(d, event.time)
         if self.restoring:
             return []
         return out
@@ -268,29 +270,34 @@ class AgentCore:
         return make("plan.rejected", payload, time=event.time, id=_ident("rej", event.id, self.node, job_id),
                     source=f"agent-{self.node}")
 
-    def _carry_out(self, d: Decision, now: float) -> None:
+    def _carry_out(self, d: Decision, now: float) -> list[Event]:
         lj = self.local.get(d.job_id)
         share = share_of(d, self.node)
         if lj is None:
             if share is not None:
                 self._new_local(d, share)
                 self._launch_waiting()
-            return
+            return []
         if lj.phase in ("stopping", "waiting"):
             lj.next = d if share is not None else None
             if lj.phase == "waiting" and share is None:
                 del self.local[d.job_id]
+                if lj.reconfiguring:  # it had run here and holds a checkpoint: now it waits elsewhere
+                    return self._lifecycle("job.preempted", p.JobPreempted(
+                        job_id=d.job_id, reason=d.reason or "allocation withdrawn", iterations_done=lj.iterations),
+                        now, lj, "preempted")
             elif lj.phase == "waiting":
                 self._retarget(lj, d, share)
                 self._launch_waiting()
-            return
+            return []
         if share is not None and d.plan == lj.plan and d.allocation == lj.allocation:
-            return  # already in force (a repeated round or a redelivery)
+            return []  # already in force (a repeated round or a redelivery)
         lj.next = d if share is not None else None
         lj.phase, lj.stop_asked_at = "stopping", now
         lj.reconfiguring = share is not None
         lj.stop_reason = "reconfigure" if share is not None else (d.reason or "allocation withdrawn")
         self._actions.append(Stop(d.job_id, lj.attempt, lj.stop_reason))
+        return []
 
     def _new_local(self, d: Decision, share: NodeShare) -> LocalJob:
         lj = LocalJob(job=self.jobs[d.job_id], plan=d.plan, allocation=d.allocation, share=share,
@@ -357,7 +364,7 @@ class AgentCore:
             if lj.next is not None:
                 share = share_of(lj.next, self.node)
                 self._retarget(lj, lj.next, share)
-                lj.phase = "waiting"
+                lj.phase, lj.iterations = "waiting", x.iterations
                 self._launch_waiting()
                 return []
             del self.local[lj.job.job_id]
@@ -415,6 +422,7 @@ class AgentCore:
                     if d is not None and share_of(d, self.node) is not None:
                         lj = self._new_local(d, share_of(d, self.node))
                         lj.reconfiguring, lj.stop_asked_at, lj.attempt = True, now, f.attempt
+                        lj.iterations = f.iterations
                     else:
                         out += self._lifecycle("job.preempted", p.JobPreempted(
                             job_id=f.job_id, reason="stopped while the agent was down", iterations_done=f.iterations),
@@ -427,9 +435,9 @@ class AgentCore:
                 continue
             if job_id in self.local:
                 if self.local[job_id].phase != "waiting":
-                    self._carry_out(d, now)
+                    out += self._carry_out(d, now)
             elif share_of(d, self.node) is not None and self.status.get(job_id) in (None, "preempted"):
-                self._carry_out(d, now)
+                out += self._carry_out(d, now)
             elif share_of(d, self.node) is not None:
                 lj = self._new_local(d, share_of(d, self.node))
                 lj.phase = "running"

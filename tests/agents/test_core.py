@@ -200,3 +200,17 @@ def test_reconcile_launches_a_decision_never_acted_on():
     assert core.reconcile([], 50.0) == []
     (launch,) = core.take_actions()
     assert isinstance(launch, Launch) and launch.attempt == 1
+
+
+def test_job_waiting_for_devices_after_its_checkpoint_is_preempted_when_taken_away():
+    core = core_with_job("j1", "j2")
+    running(core, "j1", Plan(dp=1), gpus=1)
+    running(core, "j2", Plan(dp=1), gpus=1)
+    core.handle(decided(place("j1", Plan(dp=2), gpus=2), Decision(job_id="j2", allocation=()), t=5.0))
+    assert sorted(type(a).__name__ for a in core.take_actions()) == ["Stop", "Stop"]
+    assert core.observe(Exited("j1", 1, 6.0, 0, "checkpointed", 17)) == []  # waits: j2 still holds a device
+    assert core.take_actions() == []
+    (pre,) = core.handle(decided(Decision(job_id="j1", allocation=()), t=7.0))
+    assert pre.subject == "job.preempted" and pre.payload.iterations_done == 17
+    (pre2,) = core.observe(Exited("j2", 1, 8.0, 0, "checkpointed", 9))
+    assert pre2.payload.job_id == "j2" and core.running_jobs() == () and core.take_actions() == []
