@@ -140,6 +140,8 @@ class SimulatedAgents:
         self.noise = float(noise)
         self.rng = np.random.default_rng(seed)
         self.jobs: dict[str, _Job] = {}
+        self.holding: dict[str, _Job] = {}
+        """Jobs running or restarting (they hold an allocation); kept so a round's check is cheap."""
         self.nodes: dict[str, int] = {}
         self.timers: list[tuple[float, int, str, int, str]] = []  # (time, seq, job, epoch, kind)
         self._seq = 0
@@ -176,9 +178,9 @@ class SimulatedAgents:
         if base == "node.lost":
             self.nodes.pop(x.node, None)
             out = []
-            for job_id in sorted(self.jobs):
-                job = self.jobs[job_id]
-                if job.phase in ("running", "restarting") and any(s.node == x.node for s in job.alloc):
+            for job_id in sorted(self.holding):
+                job = self.holding[job_id]
+                if any(s.node == x.node for s in job.alloc):
                     out.append(self._preempt(job, now, f"node {x.node} lost"))
             return out
         return []
@@ -260,13 +262,14 @@ class SimulatedAgents:
         if was != "restarting":
             job.restart_began = now
             job.restart_kind = ("start" if job.attempt == 0 else "resume") if was == "queued" else "reconfigure"
-        job.phase = "restarting"
+        self._phase(job, "restarting")
         first = job.attempt == 0
         self._timer(now + (self.start_cost_s if first else self.restart_cost_s), job, "ready")
         return []
 
     def _run(self, job: _Job, now: float) -> None:
-        job.phase, job.anchor = "running", now
+        self._phase(job, "running")
+        job.anchor = now
         end = now + (job.target - job.done) * job.iter_s
         self._timer(end, job, "done")
         job.next_sample = now + job.iter_s
@@ -300,7 +303,8 @@ class SimulatedAgents:
 
     def _complete(self, job: _Job, now: float) -> Event:
         src = self._src(job)
-        job.done, job.phase, job.alloc = job.target, "finished", ()
+        job.done, job.alloc = job.target, ()
+        self._phase(job, "finished")
         job.epoch += 1
         return make("job.completed", JobCompleted(job.job_id, job.target), time=now, id=self._id(), source=src)
 
@@ -309,7 +313,8 @@ class SimulatedAgents:
         if job.phase == "restarting":
             self.restart_seconds["abandoned"] += now - job.restart_began
         src = self._src(job)
-        job.phase, job.alloc, job.plan = "queued", (), None
+        job.alloc, job.plan = (), None
+        self._phase(job, "queued")
         job.epoch += 1
         return make("job.preempted", JobPreempted(job.job_id, reason[:500], job.done), time=now, id=self._id(),
                     source=src)
@@ -317,17 +322,24 @@ class SimulatedAgents:
     def _fail(self, job: _Job, now: float, reason: str) -> Event:
         self._progress(job, now)
         src = self._src(job)
-        job.phase, job.alloc = "finished", ()
+        job.alloc = ()
+        self._phase(job, "finished")
         job.epoch += 1
         self.failures[job.job_id] = reason
         return make("job.failed", JobFailed(job.job_id, reason[:500]), time=now, id=self._id(), source=src)
 
+    def _phase(self, job: _Job, phase: str) -> None:
+        job.phase = phase
+        if phase in ("running", "restarting"):
+            self.holding[job.job_id] = job
+        else:
+            self.holding.pop(job.job_id, None)
+
     def _check_capacity(self, now: float) -> None:
         used: dict[str, int] = {}
-        for job in self.jobs.values():
-            if job.phase in ("running", "restarting"):
-                for s in job.alloc:
-                    used[s.node] = used.get(s.node, 0) + s.gpus
+        for job in self.holding.values():
+            for s in job.alloc:
+                used[s.node] = used.get(s.node, 0) + s.gpus
         for node in sorted(used):
             if used[node] > self.nodes.get(node, 0):
                 self.capacity_violations.append((now, node, used[node], self.nodes.get(node, 0)))

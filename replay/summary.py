@@ -7,7 +7,8 @@ Definitions (docs/simulate.md):
   (guaranteed, best-effort).
 - makespan = last completion - first submission.
 - SLO of a guaranteed job: its JCT must not exceed the JCT it would have had running its requested
-  plan on its requested GPUs from the moment it was submitted, with no queueing and no restart:
+  plan on its requested GPUs from the moment it was submitted, with no queueing and no restart
+  (`slo_violations_after_waiting`: those of them that waited for GPUs before their first start):
   `target_iterations * t_iter(requested plan, packed placement)`, where the packed placement fills
   whole 8-GPU nodes first (e.g. 24 GPUs = 8;8;8) or, where that was never measured, the first measured
   placement of equal nodes. A guaranteed job that does not complete counts as a violation too.
@@ -67,22 +68,25 @@ def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime,
     tl = timeline or build(events)
     subs = {e.payload.job_id: e.payload for e in events if e.base == "job.submitted"}
     jobs, jct_all, jct_g, jct_b = [], [], [], []
-    violations = 0
+    violations = waited = 0
     for job_id in sorted(tl.jobs, key=lambda j: (tl.jobs[j].submitted, j)):
         line = tl.jobs[job_id]
         sub = subs[job_id]
         jct = None if line.status != "completed" else line.end - line.submitted
         ref = sub.target_iterations * ref_time(sub) if line.guaranteed else None
         violated = None
+        wait = (line.segments[0].start - line.submitted) if line.segments else None
         if line.guaranteed:
             violated = jct is None or jct > ref * (1 + 1e-9) + 1e-6
             violations += bool(violated)
+            if violated:
+                waited += bool(wait is None or wait > 0)
         if jct is not None:
             jct_all.append(jct)
             (jct_g if line.guaranteed else jct_b).append(jct)
         jobs.append({"job_id": job_id, "model": line.model, "guaranteed": line.guaranteed, "status": line.status,
                      "submitted_s": line.submitted, "end_s": line.end, "jct_s": jct, "slo_jct_s": ref,
-                     "slo_violated": violated, "gpus": line.requested_gpus,
+                     "slo_violated": violated, "wait_s": wait, "gpus": line.requested_gpus,
                      "restarts": sum(1 for s in line.segments if s.state == "restart")})
     ends = [j["end_s"] for j in jobs if j["status"] == "completed"]
     first = min((j["submitted_s"] for j in jobs), default=0.0)
@@ -102,6 +106,7 @@ def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime,
         "makespan_s": makespan,
         "makespan_h": makespan / 3600,
         "slo_violations": violations,
+        "slo_violations_after_waiting": waited,
         "gpu_utilisation": held / denom if denom else 0.0,
         "gpu_utilisation_busy": busy / denom if denom else 0.0,
         "cluster_gpus": tl.total_gpus,

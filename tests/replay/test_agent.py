@@ -134,3 +134,11 @@ def test_overcommitted_nodes_are_counted(parts):
     agents.handle(ev("job.submitted", sub, 0.0))
     agents.handle(decide(1.0, "bert-2", (NodeShare("n0", 8, 64),), Plan(dp=8), 2))
     assert agents.capacity_violations == [(1.0, "n0", 12, 8)]
+
+
+def test_a_lost_node_preempts_the_jobs_on_it(parts):
+    agents = setup(parts)
+    agents.handle(decide(0.0, "bert-1", ALLOC4, ZERO4))
+    from controlplane.events import NodeLost
+    [pre] = agents.handle(ev("node.lost", NodeLost("n0", "gone"), 10.0))
+    assert pre.subject == "job.preempted" and "n0 lost" in pre.payload.reason and agents.holding == {}

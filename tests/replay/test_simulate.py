@@ -95,6 +95,9 @@ def test_guaranteed_jobs_are_checked_against_their_requested_run(parts, tmp_path
     # the test double runs every job on its request, so a job that never queued meets its SLO exactly
     immediate = [j for j in guaranteed if j["jct_s"] == pytest.approx(j["slo_jct_s"])]
     assert immediate and not any(j["slo_violated"] for j in immediate)
+    assert all(j["wait_s"] == 0 for j in immediate)
+    late = [j for j in guaranteed if j["slo_violated"]]
+    assert s["slo_violations_after_waiting"] == sum(1 for j in late if j["wait_s"] > 0)
 
 
 def test_a_policy_that_starves_jobs_stops_the_run(parts):
