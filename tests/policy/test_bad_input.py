@@ -7,7 +7,7 @@ import pytest
 from controlplane.events import JobSubmitted, ModelRef, ModelSpec, Plan, Resources
 from policy.registry import make_policy
 
-from .helpers import Clock, decisions, job, lost, node
+from .helpers import Clock, completed, decisions, job, lost, node
 from .test_guarantees import check_round, core_for
 
 
@@ -92,3 +92,33 @@ def _table():
     from .helpers import ENV, TABLE, models
     from policy.oracle import TableOracle
     return dict(oracle=TableOracle(env=ENV, table=TABLE), models=models("roberta"))
+
+
+def _grow_after_completion(done_iterations: int, restart_cost_s: float = 78.0):
+    from controlplane.events import JobStarted, MetricsIteration, NodeShare
+    core = core_for("rubick", restart_cost_s=restart_cost_s)
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0")))
+    core.handle(c.ev("job.submitted", job("a", "gpt2", 16, Plan(dp=4, zero_stage=2), 4, 32, iters=100_000)))
+    core.handle(c.ev("job.submitted", job("b", "gpt2", 16, Plan(dp=4, zero_stage=2), 4, 32, iters=100_000)))
+    for jid in ("a", "b"):
+        st = core.state.jobs[jid]
+        shares = st.decided_allocation
+        core.handle(c.ev("job.started", JobStarted(job_id=jid, allocation=shares, plan=st.decided_plan)))
+    a = core.state.jobs["a"]
+    before = sum(s.gpus for s in a.decided_allocation)
+    core.handle(c.ev("metrics.iteration", MetricsIteration(
+        job_id="a", model_type="gpt2", iteration=done_iterations, iter_time_s=1.0, plan=a.decided_plan,
+        gpus_per_node=tuple(s.gpus for s in a.decided_allocation), node="n0")))
+    out = core.handle(c.ev("job.completed", completed("b", 100_000)))
+    after = decisions(out).get("a")
+    return before, (sum(s.gpus for s in after.allocation) if after else before)
+
+
+def test_a_running_job_grows_only_when_the_gain_over_its_remaining_work_beats_the_restart_cost():
+    before, after = _grow_after_completion(done_iterations=10)  # almost all of its work ahead: worth it
+    assert after > before
+    before, after = _grow_after_completion(done_iterations=99_990)  # ten iterations left: not worth 78 s
+    assert after == before
+    before, after = _grow_after_completion(done_iterations=10, restart_cost_s=10**9)  # a prohibitive cost
+    assert after == before
