@@ -4,7 +4,8 @@ A job holds the allocation of a `plan.decided` from the moment of the decision (
 job holds its new allocation while it restarts, as the simulated agents do) until the next
 decision that changes it, an empty decision, or its `job.preempted` / `job.completed` /
 `job.failed`. A held segment is `run` from the job's `job.started` / `job.reconfigured` on and
-`restart` before it. Pure code over decoded events.
+`restart` before it; a lifecycle event for an allocation a later decision already replaced (it can
+follow that decision in the stream) is stale and ignored. Pure code over decoded events.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def build(events: Iterable[Event]) -> Timeline:
                 if job._open is None:  # started without a decision we saw
                     waiting -= 1
                     mark(t)
+                elif job._open[4] != (tuple(x.allocation), x.plan):
+                    continue  # stale: a later decision already moved the job on (its agent acts on that one)
                 job.hold(t, tuple(x.allocation), x.plan, "run")
         elif base in ("job.completed", "job.failed", "job.preempted"):
             job = jobs.get(x.job_id)

@@ -110,3 +110,14 @@ def test_a_policy_that_starves_jobs_stops_the_run(parts):
     cfg = RunConfig(policy="idle", cluster="8x8")
     out = simulate(cfg, trace_inputs(cfg, jobs_of(parts, n=3), parts), parts, policy_factory=lambda c, p: Idle())
     assert out.summary["stop_reason"].startswith("stalled") and out.summary["jobs"]["unfinished"] == 3
+
+
+def test_held_gpus_never_exceed_the_cluster(rubick_runs):
+    from replay.report import held_series
+    from replay.timeline import build
+
+    d, out = rubick_runs[0]
+    tl = build(out.result.events)
+    _, held = held_series(tl)
+    assert tl.total_gpus == 16 and 0 < held.max() <= 16 and held.min() >= 0
+    assert all(s.end > s.start for job in tl.jobs.values() for s in job.segments)
