@@ -101,10 +101,11 @@ def test_recorder_rows_keep_any_bytes(data, subject, msg_id):
                        st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=10),
                                  st.dictionaries(st.sampled_from(["job_id", "plan", "iter_time_s", "decisions",
                                                                   "jobs", "model", "node"]),
-                                                 st.one_of(st.integers(), st.text(max_size=8), st.floats(),
+                                                 st.one_of(st.integers(-2**63, 2**64 - 1), st.text(max_size=8), st.floats(),
                                                            st.lists(st.text(max_size=5), max_size=3)),
                                                  max_size=5))))
 def test_recorder_rows_of_random_envelopes(env):
+    # integers stay within msgpack's 64-bit range: nothing wider can be on the wire
     import msgpack
     data = msgpack.packb(env)
     row = row_of(1, "job.submitted", data, None, 1.0)
