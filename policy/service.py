@@ -27,6 +27,7 @@ from modeler.spec import ModelType, SpecError
 from .curves import JobKind
 from .engine import JobIn, NodeCap, Outcome
 from .oracle import ModelOracle, Oracle
+from .plans import ALL_FAMILIES
 
 ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.registered", "node.lost",
                        "model.updated"})
@@ -119,7 +120,8 @@ class PolicyCore:
         except SpecError as exc:
             return f"{exc}; profile the model type first (rubick profile)"
         book = self.engine.book
-        kind = self.kind_of(model, job.global_batch_size, job.requested_plan)
+        # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
+        kind = JobKind(model, job.global_batch_size, ALL_FAMILIES)
         nodes = self.state.alive_nodes()
         cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
         cpg = min(cpg, book.max_cpus_per_gpu)

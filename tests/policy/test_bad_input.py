@@ -122,3 +122,13 @@ def test_a_running_job_grows_only_when_the_gain_over_its_remaining_work_beats_th
     assert after == before
     before, after = _grow_after_completion(done_iterations=10, restart_cost_s=10**9)  # a prohibitive cost
     assert after == before
+
+
+def test_sia_keeps_a_job_it_cannot_run_plain_dp_on_its_requested_plan_instead_of_rejecting_it():
+    core = core_for("sia")
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0")))
+    out = core.handle(c.ev("job.submitted", job("l", "llama7", 8, Plan(dp=8, zero_stage=2, offload=True), 8, 64)))
+    assert [e.subject for e in out] == ["plan.decided"]
+    d = decisions(out)["l"]
+    assert d.plan.offload and sum(s.gpus for s in d.allocation) == 8
