@@ -62,6 +62,17 @@ class _Simple:
             return None
         return {n: g for n, (g, _) in job.current.items()}
 
+    def _hold(self, job: JobIn) -> tuple[dict[str, int], dict[str, int]] | None:
+        """Take the job's current GPUs and CPUs again, if it can keep them: (GPUs, CPUs) per node."""
+        keep = self._keep(job)
+        if not keep:
+            return None
+        cpus = {n: c for n, (_, c) in job.current.items()}
+        for n, g in keep.items():
+            self.free_g[n] -= g
+            self.free_c[n] -= min(self.free_c[n], cpus.get(n, 0))
+        return keep, cpus
+
     def _fit(self, gpus: int, prefer: dict[str, int] | None = None) -> dict[str, int] | None:
         """Best-fit placement: one node with the least free GPUs that holds them all, else whole
         free nodes first and the remainder best-fit."""
@@ -136,13 +147,9 @@ class SynergyEngine(_Simple):
         out: dict[str, Outcome] = {}
         waiting = []
         for job in sorted(jobs, key=lambda j: (j.order, j.job_id)):
-            keep = self._keep(job)
-            if keep:
-                cpus = {n: c for n, (_, c) in job.current.items()}
-                for n, g in keep.items():
-                    self.free_g[n] -= g
-                    self.free_c[n] -= min(self.free_c[n], cpus.get(n, 0))
-                out[job.job_id] = self._outcome(job, keep, cpus, "keep")
+            held = self._hold(job)
+            if held:
+                out[job.job_id] = self._outcome(job, *held, "keep")
             else:
                 waiting.append(job)
         for job in waiting:
@@ -173,13 +180,9 @@ class AntManEngine(_Simple):
         out: dict[str, Outcome] = {}
         held: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         for job in ordered:  # running jobs keep their resources for now
-            keep = self._keep(job)
-            if keep:
-                cpus = {n: c for n, (_, c) in job.current.items()}
-                for n, g in keep.items():
-                    self.free_g[n] -= g
-                    self.free_c[n] -= min(self.free_c[n], cpus.get(n, 0))
-                held[job.job_id] = (keep, cpus)
+            kept = self._hold(job)
+            if kept:
+                held[job.job_id] = kept
         for job in ordered:  # guaranteed jobs waiting: idle GPUs, else preempt best-effort jobs
             if job.job_id not in guaranteed or job.job_id in held:
                 continue
@@ -232,13 +235,9 @@ class EqualEngine(_Simple):
         for job in active:
             g = self._usable(job, share)
             if g and job.current and sum(x for x, _ in job.current.values()) == g:
-                keep = self._keep(job)
-                if keep:
-                    cpus = {n: c for n, (_, c) in job.current.items()}
-                    for n, x in keep.items():
-                        self.free_g[n] -= x
-                        self.free_c[n] -= min(self.free_c[n], cpus.get(n, 0))
-                    out[job.job_id] = self._outcome(job, keep, cpus, "keep")
+                held = self._hold(job)
+                if held:
+                    out[job.job_id] = self._outcome(job, *held, "keep")
         for job in active:
             if job.job_id in out:
                 continue
@@ -340,13 +339,9 @@ class SiaEngine(_Simple):
         for j in sorted(ordered, key=lambda j: (-size.get(j.job_id, 0), j.order)):  # place big jobs first
             g = size.get(j.job_id, 0)
             if g and current[j.job_id] == g:
-                keep = self._keep(j)
-                if keep:
-                    cpus = {n: c for n, (_, c) in j.current.items()}
-                    for n, x in keep.items():
-                        self.free_g[n] -= x
-                        self.free_c[n] -= min(self.free_c[n], cpus.get(n, 0))
-                    out[j.job_id] = self._outcome(j, keep, cpus, "keep")
+                held = self._hold(j)
+                if held:
+                    out[j.job_id] = self._outcome(j, *held, "keep")
         for j in sorted(ordered, key=lambda j: (-size.get(j.job_id, 0), j.order)):
             if j.job_id in out:
                 continue
