@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import socket
 from pathlib import Path
 from typing import Any
 
-from controlplane.cli.common import add_nats_args, fail
-from controlplane.runtime import resolve_nats_url
+from controlplane.cli.common import add_nats_args, fail, run_against_nats
 
 
 def register(sub: Any) -> None:
@@ -39,14 +37,9 @@ def register(sub: Any) -> None:
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.cpu_devices < 0:
         return fail("--cpu-devices must be >= 0")
-    url = resolve_nats_url(args.nats_url, args.data_dir)
-    try:
-        return asyncio.run(_agent(args, url))
-    except (ConnectionError, OSError) as exc:
-        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+    return run_against_nats(args, _agent)
 
 
 async def _agent(args: argparse.Namespace, url: str) -> int:

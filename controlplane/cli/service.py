@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 from pathlib import Path
 
@@ -12,11 +11,10 @@ from ..admission import AdmissionCore
 from ..bus.nats import JetStreamBus
 from ..models import builtin_model_types
 from ..recorder.service import Recorder, RecorderConfig, stream_token
-from ..runtime import resolve_nats_url
 from ..service import ServiceShell
 from ..ticker import run_ticker
 from .. import metrics
-from .common import add_nats_args, fail
+from .common import add_nats_args, run_against_nats
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
 
@@ -50,12 +48,7 @@ def read_quotas(path: Path | None) -> dict[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    url = resolve_nats_url(args.nats_url, args.data_dir)
-    try:
-        return asyncio.run(_run(args, url))
-    except (ConnectionError, OSError) as exc:
-        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+    return run_against_nats(args, _run)
 
 
 async def _run(args: argparse.Namespace, url: str) -> int:
