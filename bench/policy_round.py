@@ -4,7 +4,10 @@ For each size, a cluster of N nodes x 8 GPUs and J jobs (models, sizes and plans
 fixed seed, from the Base trace; one job in three guaranteed, four tenants whose quotas add up to half
 the cluster) is built in the policy core, the
 first round places them (reported apart: it fills the curve caches), then every measured round
-follows one completion and one new submission, the steady state of a live cluster. The oracle is
+follows one completion and one new submission, the steady state of a live cluster. Between rounds
+the node agents' answers are applied as a live cluster would see them: a job given resources
+starts (`job.started`), a running job given others restarts (`job.reconfigured`), one given none
+stops (`job.preempted`); `changed/round` is how many decisions a round publishes. The oracle is
 the fitted performance model, as in a live cluster.
 
     .venv/bin/python bench/policy_round.py                 # 64/50, 1024/1000, 8192/5000
@@ -24,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controlplane.events import (JobCompleted, JobSubmitted, ModelRef, NodeRegistered, Plan,  # noqa: E402
-                                 Resources, make)
+from controlplane.events import (JobCompleted, JobPreempted, JobReconfigured, JobStarted,  # noqa: E402
+                                 JobSubmitted, ModelRef, NodeRegistered, Plan, Resources, make)
 from modeler.service import make_core  # noqa: E402
 from policy.oracle import from_modeler  # noqa: E402
 from policy.registry import POLICIES, make_policy  # noqa: E402
@@ -77,12 +80,35 @@ def build(policy: str, nodes: int, jobs: int, seed: int, modeler):
     return core, submit, rng
 
 
+def agents(core, decided: list, t: float) -> None:
+    """What the node agents answer to a round: a job given resources starts, a running job given
+    others restarts under them, a running job given none stops (as in a live cluster)."""
+    for ev in decided:
+        for d in ev.payload.decisions:
+            job = core.state.jobs[d.job_id]
+            if d.allocation and job.status != "running":
+                out = make("job.started", JobStarted(job_id=d.job_id, allocation=d.allocation, plan=d.plan),
+                           time=t, id=f"b-start-{d.job_id}-{ev.id}", source="bench")
+            elif d.allocation:
+                out = make("job.reconfigured", JobReconfigured(job_id=d.job_id, allocation=d.allocation, plan=d.plan,
+                                                               restart_cost_s=78.0),
+                           time=t, id=f"b-reconf-{d.job_id}-{ev.id}", source="bench")
+            elif job.status == "running":
+                out = make("job.preempted", JobPreempted(job_id=d.job_id, reason="bench", iterations_done=0),
+                           time=t, id=f"b-stop-{d.job_id}-{ev.id}", source="bench")
+            else:
+                continue
+            core.state.apply(out)
+
+
 def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler) -> dict:
     core, submit, rng = build(policy, nodes, jobs, seed, modeler)
     tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
     t0 = time.perf_counter()
-    core.run_round(tick)
+    decided = core.run_round(tick)
     first = time.perf_counter() - t0
+    agents(core, decided, 1.0)
+    changed = []
     times = []
     for r in range(1, rounds + 1):
         active = [j for j in core.state.jobs_in("running", "queued", "preempted")]
@@ -95,13 +121,15 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler) -> 
         submit(1.0 + r)
         tick = make("clock.tick", _tick(r), time=1.0 + r, id=f"b-tick-{r}", source="bench")
         t0 = time.perf_counter()
-        core.run_round(tick)
+        decided = core.run_round(tick)
         times.append(time.perf_counter() - t0)
+        changed.append(sum(len(ev.payload.decisions) for ev in decided))
+        agents(core, decided, 1.0 + r)
     times.sort()
     placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
     return {"policy": policy, "gpus": nodes * 8, "jobs": jobs, "first_s": first, "median_s": statistics.median(times),
             "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed,
-            "evaluations": core.engine.book.evaluations}
+            "evaluations": core.engine.book.evaluations, "changed": statistics.median(changed)}
 
 
 def _tick(seq: int):
@@ -118,7 +146,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     modeler = make_core()
     print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size")
-    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'plans evaluated':>16}")
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'changed/round':>14} "
+          f"{'plans evaluated':>16}")
     rows = []
     for item in args.sizes.split(","):
         gpus, jobs = (int(x) for x in item.split(":"))
@@ -126,7 +155,7 @@ def main(argv=None) -> int:
         r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler)
         rows.append(r)
         print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {r['median_s'] * 1e3:>8.2f}ms "
-              f"{r['p99_s'] * 1e3:>8.2f}ms {r['placed']:>7} {r['evaluations']:>16}")
+              f"{r['p99_s'] * 1e3:>8.2f}ms {r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
     if len(rows) > 1:
         base = rows[0]
         for r in rows[1:]:

@@ -107,7 +107,12 @@ class PlanBook:
     evaluations: int = 0
 
     def _key(self, kind: JobKind) -> tuple:
-        return kind.cache_key + (self.oracle.version(kind.model.name),)
+        version = self.oracle.version(kind.model.name)
+        held = kind.__dict__.get("_versioned")  # (version, key): built once per kind and version
+        if held is None or held[0] != version:
+            held = (version, kind.cache_key + (version,))
+            kind.__dict__["_versioned"] = held
+        return held[1]
 
     def memo(self, kind: JobKind, what: tuple, compute):
         """A value derived from `kind`'s curves, cached until its model type is refitted."""

@@ -220,21 +220,30 @@ class RubickEngine:
         return inp.requested_gpus, inp.requested_gpus * cpg
 
     def _prepare(self, inp: JobIn) -> _Job:
+        guaranteed = inp.guaranteed and not self.fixed_resources
+        key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed)
+        cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab = self.book.memo(
+            inp.kind, key, lambda: self._demand(inp, guaranteed))
+        return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
+                    up_tab=up_tab, down_tab=down_tab)
+
+    def _demand(self, inp: JobIn, guaranteed: bool) -> tuple:
+        """(CPUs per GPU, reference, normalised curve, wanted GPUs, minimum GPUs, minimum CPUs,
+        slope tables up and down): what a job's request means, the same for every job of its kind
+        with the same request."""
         book, kind = self.book, inp.kind
-        ref, cpg = book.memo(kind, ("ref", inp.requested_plan, inp.requested_gpus, self._ratio(inp)),
-                             lambda: self.reference(inp))
+        ref, cpg = self.reference(inp)
         curve = book.memo(kind, ("norm", cpg, ref), lambda: self._normalised(kind, cpg, ref))
-        job = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref)
         if self.fixed_resources:
-            job.min_g = job.want_g = inp.requested_gpus
-            job.min_c = inp.requested_gpus * cpg
+            want_g = min_g = inp.requested_gpus
+            min_c = inp.requested_gpus * cpg
         else:
-            job.want_g = max(1, knee(curve))
-        if inp.guaranteed and not self.fixed_resources:
-            job.min_g, job.min_c = book.memo(kind, ("min", inp.requested_plan, inp.requested_gpus, cpg, ref),
-                                             lambda: self.min_res(inp, ref, cpg))
-        self._tables(job)
-        return job
+            want_g, min_g, min_c = max(1, knee(curve)), 0, 0
+        if guaranteed:
+            min_g, min_c = self.min_res(inp, ref, cpg)
+        probe = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g)
+        self._tables(probe)
+        return cpg, ref, curve, want_g, min_g, min_c, probe.up_tab, probe.down_tab
 
     def _normalised(self, kind: JobKind, cpg: int, ref: float) -> np.ndarray:
         raw = self.book.gpu_curve(kind, cpg)
@@ -404,19 +413,23 @@ class RubickEngine:
             return False
         return not self.fixed_resources
 
-    def _lowest_slope_over_min(self, node: str, job: _Job) -> _Job | None:
+    def _lowest_slope_over_min(self, node: str, job: _Job, limit: float) -> _Job | None:
+        """The job on `node` with the lowest slope below `limit` that may give up a GPU there."""
         best, best_key = None, None
+        dkey = self._dkey
         for vid in self.on_node[node]:
-            if vid == job.id:
-                continue
-            if vid not in self._dkey:  # not over its minimum when the attempt began
+            if vid == job.id or vid not in dkey:  # not over its minimum when the attempt began
                 continue
             v = self.jobs[vid]
+            down = v.down()
+            if down + EPS >= limit:
+                continue
+            key = (down, -v.inp.order, vid)
+            if best_key is not None and key >= best_key:
+                continue
             if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
                 continue
-            key = (v.down(), -v.inp.order, vid)
-            if best_key is None or key < best_key:
-                best, best_key = v, key
+            best, best_key = v, key
         return best
 
     def _keeps_guarantee(self, v: _Job, node: str) -> bool:
@@ -452,16 +465,19 @@ class RubickEngine:
     def _schedule_job(self, job: _Job) -> bool:
         if job.g >= job.want_g and job.g >= job.min_g:
             return job.g > 0
+        if not job.g_on and job.g >= job.min_g and job.up() <= self.min_down + EPS and not self._free_nodes():
+            return False
         jr = _Journal()
         before = (dict(job.g_on), dict(job.c_on), job.best)
-        if not before[0] and not self._free_nodes() and job.g >= job.min_g and job.up() <= self.min_down + EPS:
-            return False
         if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
             spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
                                                    for _, _, vid in self.by_down if vid != job.id)
             if job.g + spare < job.min_g:
                 return False
         victims: dict[str, _Job] = {}
+        floor = self.min_down
+        """the lowest slope any job may have: the index's (the slopes of when the attempt began),
+        or that of a job shrunk since"""
         need = lambda: job.want_g - job.g  # noqa: E731
         for node in self._node_order(job):
             if need() <= 0:
@@ -469,15 +485,19 @@ class RubickEngine:
             take = min(self.free_g[node], need())
             if take > 0:
                 self._move(jr, node, None, job, take)
-            while need() > 0:
-                victim = self._lowest_slope_over_min(node, job)
+            others = self.on_node[node]
+            if not others or (len(others) == 1 and job.id in others):
+                continue  # nobody else to shrink here
+            if job.g >= job.min_g and job.up() <= floor + EPS:
+                continue  # no job anywhere has a slope below the job's own any more: free GPUs only
+            while need() > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
+                victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up())
                 if victim is None:
                     break
-                if victim.down() + EPS < job.up() or job.g < job.min_g:
-                    self._move(jr, node, victim, job, 1)
-                    victims[victim.id] = victim
-                else:
-                    break
+                self._move(jr, node, victim, job, 1)
+                victims[victim.id] = victim
+                if self._over_min(victim):
+                    floor = min(floor, victim.down())
         touched = [job, *victims.values()]
         if job.g < max(1, job.min_g) or not self._settle(jr, job):
             self._undo(jr, touched)

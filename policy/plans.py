@@ -52,7 +52,17 @@ def family(plan: Plan) -> str:
 
 def canonical(placement) -> tuple[int, ...]:
     """A placement with empty nodes dropped, largest node first (plans depend only on this)."""
+    if type(placement) is tuple:
+        hit = _CANONICAL.get(placement)
+        if hit is None:
+            hit = tuple(sorted((int(g) for g in placement if g > 0), reverse=True))
+            if len(_CANONICAL) < 1 << 16:
+                _CANONICAL[placement] = hit
+        return hit
     return tuple(sorted((int(g) for g in placement if g > 0), reverse=True))
+
+
+_CANONICAL: dict[tuple, tuple[int, ...]] = {}
 
 
 def _divisors(n: int) -> list[int]:

@@ -59,6 +59,7 @@ class PolicyCore:
     dirty: bool = False
     order: dict[str, int] = field(default_factory=dict)
     last: dict[str, Outcome] = field(default_factory=dict)
+    _kinds: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -130,6 +131,14 @@ class PolicyCore:
                     f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload")
         return None
 
+    def _kind(self, model: ModelType, global_batch: int, plan) -> JobKind:
+        """One `JobKind` object per distinct kind, so what it caches is computed once."""
+        key = (model.name, global_batch, plan)
+        held = self._kinds.get(key)
+        if held is None or held[0] is not model:
+            held = self._kinds[key] = (model, self.kind_of(model, global_batch, plan))
+        return held[1]
+
     def job_in(self, job: JobState, t: float) -> JobIn | None:
         model = self.model_of(job)
         if model is None:
@@ -141,7 +150,7 @@ class PolicyCore:
             done += max(0.0, t - prog.at) / prog.iter_time_s
         remaining = max(0.0, job.target_iterations - done)
         return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
-                     kind=self.kind_of(model, job.global_batch_size, job.requested_plan),
+                     kind=self._kind(model, job.global_batch_size, job.requested_plan),
                      order=self.order.get(job.job_id, len(self.order)), requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan, current=current,
                      current_plan=job.decided_plan if current else None, running=job.status == "running",
