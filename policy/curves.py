@@ -155,25 +155,27 @@ class PlanBook:
                 expanded.extend((place, c) for c in range(1, self.max_cpus_per_gpu + 1))
             else:
                 expanded.append((place, self._cpg(kind, cpg)))
+        queued = set()
         for place, cpg in expanded:
-            if (vkey, place, cpg) in self._best or (place, cpg) in todo:
+            if (vkey, place, cpg) in self._best or (place, cpg) in queued:
                 continue
             plans = kind.plans(place) if place else ()
             spans.append((len(items), len(items) + len(plans)))
             items.extend((place, cpg, p) for p in plans)
             todo.append((place, cpg))
+            queued.add((place, cpg))
         if not todo:
             return
         times, resolved = self.oracle.evaluate_many(kind.model, kind.global_batch, items)
         self.evaluations += len(items)
+        usable = np.where(np.isfinite(times) & (times > 0), times, np.inf).tolist()
         for (place, cpg), (lo, hi) in zip(todo, spans):
             best = NONE
             if hi > lo:
-                seg = times[lo:hi]
-                ok = np.isfinite(seg) & (seg > 0)
-                if ok.any():
-                    i = int(np.argmin(np.where(ok, seg, np.inf)))
-                    best = Best(kind.global_batch / float(seg[i]), resolved[lo + i], place)
+                seg = usable[lo:hi]
+                fastest = min(seg)
+                if fastest != np.inf:  # the first of the fastest, as argmin would pick
+                    best = Best(kind.global_batch / fastest, resolved[lo + seg.index(fastest)], place)
             self._best[(vkey, place, cpg)] = best
 
     def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
