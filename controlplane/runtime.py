@@ -3,7 +3,15 @@
 Starts (or connects to) NATS with JetStream, creates the stream, runs the
 recorder, the admission service, the clock and the modeler, exposes Prometheus metrics, and
 writes `endpoints.json` in the data folder so `rubick submit` and friends find
-it. Stopping drains the recorder: everything the stream holds is in the log.
+it. Stopping stops the services first and then drains the recorder: everything the
+stream holds, the services' last answers included, is in the log.
+
+With `sim_cluster` ("NxG") it also runs simulated node agents (`agents.sim_shell`) over
+the same bus, on a simulated clock running `sim_speed` times faster than the wall
+clock (the clock ticks follow it too), and records in the event-log folder what
+`rubick replay` needs to rebuild the cores (`replay.live`). Such a run needs a fresh
+stream and event log. On stop, the inputs (agents, clock) stop first and the cores
+are given time to answer everything stored, so the log ends with their last answers.
 """
 
 from __future__ import annotations
@@ -50,6 +58,14 @@ class UpConfig:
     restart_cost_s: float = 78.0
     quotas: dict[str, int] | None = None
     """GPUs per tenant for guaranteed jobs (None: the whole cluster for every tenant)."""
+    sim_cluster: str | None = None
+    """"NxG": run N simulated nodes of G GPUs (the testbed's CPUs and memory) beside the control plane."""
+    sim_speed: float = 1.0
+    """Simulated seconds per wall second of the simulated cluster (its clock ticks follow it)."""
+    sim_sample_every_s: float = 600.0
+    """Simulated seconds between a running simulated job's `metrics.iteration` samples."""
+    settle_timeout_s: float = 30.0
+    """On stop of a simulated cluster: how long the cores may take to answer what is stored."""
 
     @property
     def event_log(self) -> Path:
@@ -65,6 +81,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
+class _Shell(ServiceShell):
+    """A service shell that remembers the stream sequence of the last event it handled."""
+
+    last_seq: int = 0
+
+    async def process(self, d) -> None:
+        await super().process(d)
+        self.last_seq = d.seq
+
+
 @dataclass
 class ControlPlane:
     config: UpConfig
@@ -78,7 +104,19 @@ class ControlPlane:
     metrics_url: str = ""
     ready_s: float = 0.0
     models_ready: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once the modeler and the policy consume events (they start after the rest)."""
+    """Set once the modeler and the policy consume events (they start after the rest); with a
+    simulated cluster, once its agents run and its nodes are registered too."""
+    stream: str = ""
+    sim_clock: object | None = None
+    """`agents.sim_shell.SimClock` of a simulated cluster."""
+    sim_agents: object | None = None
+    """`agents.sim_shell.SimAgentsShell` of a simulated cluster, once it runs."""
+    settled: bool | None = None
+    """Simulated cluster, after stop: whether every core had answered everything stored."""
+    _services_stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _recorder_stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _input_tasks: list[asyncio.Task] = field(default_factory=list)
+    _run_file: bool = False
 
     async def start(self) -> "ControlPlane":
         t0 = time.perf_counter()
@@ -98,15 +136,27 @@ class ControlPlane:
             except OSError:
                 port = metrics.serve(0)
             self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        stream = stream_token(await self.bus.stream_created())
+        self.stream = stream = stream_token(await self.bus.stream_created())
+        if cfg.sim_cluster:
+            await self._check_fresh()
+            from agents.sim_shell import SimClock
+
+            self.sim_clock = SimClock(cfg.sim_speed)
         self.recorder = Recorder(self.bus, RecorderConfig(cfg.event_log, roll_seconds=cfg.roll_seconds,
                                                           roll_rows=cfg.roll_rows), stream)
-        self.shells = [ServiceShell(AdmissionCore(builtin_model_types()), self.bus, rejects=True)]
-        self.tasks = [asyncio.create_task(self.recorder.run(self.stop_event), name="recorder")]
-        self.tasks += [asyncio.create_task(s.run(self.stop_event), name=s.name) for s in self.shells]
+        self.shells = [_Shell(AdmissionCore(builtin_model_types()), self.bus, rejects=True)]
+        self.tasks = [asyncio.create_task(self.recorder.run(self._recorder_stop), name="recorder")]
+        self.tasks += [asyncio.create_task(s.run(self._services_stop), name=s.name) for s in self.shells]
         if cfg.tick_period_s > 0:
-            self.tasks.append(asyncio.create_task(run_ticker(self.bus, cfg.tick_period_s, self.stop_event),
-                                                  name="clock"))
+            if self.sim_clock is not None:
+                from agents.sim_shell import run_sim_ticker
+
+                ticker = run_sim_ticker(self.bus, self.sim_clock, cfg.tick_period_s, self.stop_event)
+            else:
+                ticker = run_ticker(self.bus, cfg.tick_period_s, self.stop_event)
+            task = asyncio.create_task(ticker, name="clock")
+            self.tasks.append(task)
+            self._input_tasks.append(task)
         await self._until_ready(timeout=30.0)
         self.ready_s = time.perf_counter() - t0
         self._write_endpoints()
@@ -114,25 +164,62 @@ class ControlPlane:
         self.tasks.append(asyncio.create_task(self._run_model_services(), name="modeler+policy"))
         return self
 
+    async def _check_fresh(self) -> None:
+        """A simulated cluster's run is recorded from its first event on: refuse a used stream or log."""
+        log_dir = Path(self.config.event_log)
+        used = sorted(p.name for p in log_dir.iterdir() if p.suffix == ".parquet") if log_dir.is_dir() else []
+        if await self.bus.last_seq() > 0 or used:
+            where = "the stream already holds events" if not used else f"{log_dir} already holds an event log"
+            raise RuntimeError(f"a simulated cluster needs a fresh stream and event log, but {where}: "
+                               "use a new --data-dir")
+
     async def _run_model_services(self) -> None:
-        """The modeler and the policy, seeded with the same fitted parameters."""
+        """The modeler and the policy, seeded with the same fitted parameters (and the simulated agents)."""
+        agents = None
         try:
-            cores = await asyncio.to_thread(model_cores, self.config)
+            if self.config.sim_cluster:
+                cores, agents = await asyncio.to_thread(self._sim_parts)
+            else:
+                cores = await asyncio.to_thread(model_cores, self.config)
         except ImportError as exc:  # a deployment without the modeler or policy package
             log.warning("modeler and policy not started: %s", exc)
             return
         if self.stop_event.is_set():
             return
-        shells = [ServiceShell(core, self.bus) for core in cores]
+        shells = [_Shell(core, self.bus) for core in cores]
         self.shells.extend(shells)
-        runs = [asyncio.create_task(s.run(self.stop_event), name=s.name) for s in shells]
+        runs = [asyncio.create_task(s.run(self._services_stop), name=s.name) for s in shells]
         waits = [asyncio.create_task(s.ready.wait()) for s in shells]
+        if agents is not None:
+            self.sim_agents = agents
+            task = asyncio.create_task(agents.run(self.stop_event), name="agents")
+            self._input_tasks.append(task)
+            runs.append(task)
+            waits.append(asyncio.create_task(agents.ready.wait()))
         await asyncio.wait([*runs, asyncio.gather(*waits)], return_when=asyncio.FIRST_COMPLETED)
-        if all(s.ready.is_set() for s in shells):
+        if all(s.ready.is_set() for s in shells) and (agents is None or agents.ready.is_set()):
             self.models_ready.set()
         for w in waits:
             w.cancel()
         await asyncio.gather(*runs)
+
+    def _sim_parts(self) -> tuple[list, object]:
+        """(modeler and policy cores, the simulated agents' shell) of a simulated cluster; writes run.json."""
+        from agents.sim_shell import SimAgentsShell
+        from replay import live
+        from replay.config import RunConfig, default_cache_dir
+
+        cfg = self.config
+        run_cfg = RunConfig(policy=cfg.policy, cluster=cfg.sim_cluster, restart_cost_s=cfg.restart_cost_s,
+                            sample_every_s=cfg.sim_sample_every_s, tick_period_s=cfg.tick_period_s,
+                            quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None)
+        parts = live.build(run_cfg, cache_dir=default_cache_dir())
+        run = live.run_description(parts, stream=self.stream, extra_config={
+            "sim_speed": cfg.sim_speed, "sim_clock_origin": self.sim_clock.origin})
+        live.write_run(cfg.event_log, run)
+        self._run_file = True
+        shell = SimAgentsShell(parts.agents, self.bus, self.sim_clock, parts.nodes)
+        return [parts.core("modeler"), parts.core("policy")], shell
 
     async def _until_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -153,8 +240,12 @@ class ControlPlane:
 
     def summary(self) -> str:
         where = "embedded nats-server" if self.server else "external NATS"
-        return (f"rubick control plane ready in {self.ready_s * 1000:.0f} ms | NATS {self.nats_url} ({where}, "
+        text = (f"rubick control plane ready in {self.ready_s * 1000:.0f} ms | NATS {self.nats_url} ({where}, "
                 f"JetStream stream RUBICK) | event log {self.config.event_log} | metrics {self.metrics_url or 'off'}")
+        if self.config.sim_cluster:
+            text += (f" | simulated cluster {self.config.sim_cluster} at {self.config.sim_speed:g}x "
+                     "(simulated seconds per wall second)")
+        return text
 
     async def wait(self) -> None:
         """Until stopped, or until a service dies (its error is raised)."""
@@ -166,17 +257,48 @@ class ControlPlane:
                 raise task.exception()
 
     async def stop(self) -> None:
+        """Inputs first (clock, simulated agents), then the services, then the recorder drains."""
         self.stop_event.set()
+        await asyncio.gather(*self._input_tasks, return_exceptions=True)
+        if self._run_file and self.models_ready.is_set():
+            self.settled = await self._settle(self.config.settle_timeout_s)
+        self._services_stop.set()
+        services = [t for t in self.tasks if t.get_name() != "recorder"]
+        await asyncio.gather(*services, return_exceptions=True)
+        self._recorder_stop.set()
         results = await asyncio.gather(*self.tasks, return_exceptions=True)
         for task, result in zip(self.tasks, results):
             if isinstance(result, Exception):
                 log.error("%s stopped with %r", task.get_name(), result)
+        if self._run_file:
+            from replay.live import finish_run
+
+            try:
+                finish_run(self.config.event_log, {s.name: s.last_seq for s in self.shells})
+            except (OSError, ValueError) as exc:
+                log.error("could not complete %s/run.json: %r", self.config.event_log, exc)
         if self.bus is not None:
             await self.bus.close()
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
         endpoints = Path(self.config.data_dir) / ENDPOINTS
         endpoints.unlink(missing_ok=True)
+
+    async def _settle(self, timeout: float) -> bool:
+        """Until every core has handled everything stored (and the stream stops growing), or `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            last = await self.bus.last_seq()
+            pending = 0
+            for s in self.shells:
+                info = await self.bus.js.consumer_info(self.bus.stream, f"svc-{s.name}")
+                pending += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            if pending == 0 and await self.bus.last_seq() == last:
+                return True
+            await asyncio.sleep(0.05)
+        log.warning("stopping before every core answered what is stored (%.0f s)", timeout)
+        return False
 
 
 def model_cores(cfg: UpConfig) -> list:

@@ -156,6 +156,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_live(log: Path) -> bool:
+    from .record import read_run
+
+    try:
+        return read_run(log).get("kind") == "live"
+    except (OSError, ValueError):
+        return False
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .verify import format_result, verify
 
@@ -167,6 +176,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         if args.out is None:
             return fail("a what-if needs --out for the new run")
+        if _is_live(args.log):
+            return fail("a what-if of a live run (rubick up --sim-cluster) is not supported: its submissions carry "
+                        "their senders' wall-clock times; replay it without --policy/--restart-cost to check it")
         if args.policy and args.policy not in policy_names():
             return fail(f"unknown policy {args.policy}; known: {', '.join(policy_names()) or 'none'}")
         out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)

@@ -11,6 +11,14 @@ just before it.
 
 A missing or unreadable file, or a file whose bytes differ from the run's manifest, is reported by
 name; the check stops at the first gap in the stream and says which decisions it could not check.
+
+A live run (`rubick up --sim-cluster`, `kind: "live"` in run.json, see `replay.live`) is checked the
+same way, with what a live deployment adds: each core consumed the stream on its own, so an event is
+handed to a rebuilt core only up to the last event that core handled in the run (`consumed`); bytes
+that are not a valid event are inputs no core sees, and the admission service's `*.rejected` answer
+to them is rebuilt and compared (all but its time, which is when the stream stored the bytes). A live
+run that did not stop cleanly has no `consumed`: answers the rebuilt cores give to its last events
+are then reported as not recorded, not as a difference.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any
 
 from controlplane.eventlog import scan
 from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
-from controlplane.bus.base import matches_any
+from controlplane.bus.base import Delivery, matches_any
 
 from .config import PolicyFactory, RunConfig, control_cores, load_parts
 from .record import read_run
@@ -52,6 +60,12 @@ class VerifyResult:
     events: int = 0
     seconds: float = 0.0
     simulated_s: float = 0.0
+    live: bool = False
+    """A live run's log (`rubick up --sim-cluster`)."""
+    span_s: float = 0.0
+    """Time from the first to the last event fed."""
+    notes: list[str] = field(default_factory=list)
+    """What was not compared, and why (not a difference)."""
 
     @property
     def ok(self) -> bool:
@@ -65,8 +79,10 @@ def _plain(data: bytes) -> Any:
         return f"<{exc}>"
 
 
-def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult) -> list[tuple[int, Event, bytes]]:
-    """The recorded events in sequence order, up to the first gap or undecodable row."""
+def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult,
+                  undecodable: dict[int, tuple[str, bytes, Invalid]] | None = None) -> list[tuple[int, Event, bytes]]:
+    """The recorded events in sequence order, up to the first gap or undecodable row. With
+    `undecodable` (a live run), an undecodable row is put there by sequence and the walk goes on."""
     listed = {f["name"]: f for f in run.get("files", [])}
     on_disk = {p.name for p in Path(log_dir).iterdir()} if Path(log_dir).is_dir() else set()
     for name in sorted(listed):
@@ -90,6 +106,10 @@ def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult) -> l
         try:
             out.append((seq, decode(data, subject), data))
         except Invalid as exc:
+            if undecodable is not None:
+                undecodable[seq] = (subject, data, exc)
+                expect += 1
+                continue
             result.unchecked_from_seq = seq
             result.problems.append(f"event {seq} ({subject}) cannot be decoded ({exc}): nothing from it on can be "
                                    "checked")
@@ -128,12 +148,27 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     owner = {src: c.name for c in cores for src in run["sources"].get(c.name, [])}
     routes: dict[str, list[Any]] = {}
     produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
-    recorded = load_recorded(log_dir, run, result)
+    result.live = run.get("kind") == "live"
+    undecodable: dict[int, tuple[str, bytes, Invalid]] | None = {} if result.live else None
+    consumed = run.get("consumed") if result.live else None
+    limit = {c.name: int(consumed.get(c.name, 0)) for c in cores} if consumed is not None else None
+    answers_bad_bytes = result.live and any(c.name == "admission" for c in cores)
+    recorded = load_recorded(log_dir, run, result, undecodable)
     result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
     window: deque[tuple[int, float, str, str, str]] = deque(maxlen=context)
+    first_time = recorded[0][1].time if recorded else 0.0
     for seq, event, data in recorded:
         core = owner.get(event.source)
-        if core is not None:
+        refused = _refused_seq(event) if answers_bad_bytes and core == "admission" else None
+        if refused is not None and refused in undecodable:
+            subject, bad, exc = undecodable[refused]
+            mine_bytes = _shell_rejection(subject, bad, refused, exc, event.time)
+            if mine_bytes != data:
+                result.divergence = Divergence(seq, "admission", _plain(data),
+                                               None if mine_bytes is None else _plain(mine_bytes), list(window))
+                break
+            result.checked[event.base] = result.checked.get(event.base, 0) + 1
+        elif core is not None:
             queue = produced[core]
             mine, mine_bytes = queue.popleft() if queue else (None, None)
             if mine_bytes != data:
@@ -146,26 +181,57 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
         if subs is None:
             subs = routes[base] = [c for c in cores if matches_any(c.subjects, base)]
         for c in subs:
+            if limit is not None and seq > limit[c.name]:
+                continue  # the run stopped before this core handled it
             for out in c.handle(event):
                 produced[c.name].append((out, encode(out)))
         window.append((seq, event.time, event.subject, event.id, event.source))
         result.events += 1
         result.simulated_s = event.time
+        result.span_s = event.time - first_time
     if result.divergence is None and result.unchecked_from_seq is None:
         for name, queue in produced.items():
-            if queue:
-                extra, data = queue[0]
-                result.divergence = Divergence(len(recorded) + 1, name, None, _plain(data), list(window))
-                break
+            if not queue:
+                continue
+            if result.live and consumed is None:
+                result.notes.append(f"{len(queue)} answer(s) of the {name} core to the last events are not in the "
+                                    "log (the run did not stop cleanly, so they may never have been given); "
+                                    "not compared")
+                continue
+            extra, data = queue[0]
+            result.divergence = Divergence((recorded[-1][0] if recorded else 0) + 1, name, None, _plain(data),
+                                           list(window))
+            break
+    if result.live and consumed is None and result.unchecked_from_seq is None:
+        result.notes.append("run.json has no record of what each core had handled (the run did not stop "
+                            "cleanly): every event was handed to every core")
     result.seconds = time.perf_counter() - t0
     return result
 
 
+def _refused_seq(event: Event) -> int | None:
+    """The stream sequence an admission shell's `rej-seq-<n>` answer refers to."""
+    if event.id.startswith("rej-seq-") and event.id[8:].isdigit():
+        return int(event.id[8:])
+    return None
+
+
+def _shell_rejection(subject: str, data: bytes, seq: int, exc: Invalid, t: float) -> bytes | None:
+    """The admission shell's answer to undecodable bytes, at the recorded answer's time."""
+    from controlplane.service import rejection_for
+
+    answer = rejection_for(Delivery(subject, data, seq, None, t), exc, "admission")
+    return None if answer is None else encode(answer)
+
+
 def format_result(result: VerifyResult, log_dir: Path) -> str:
-    lines = [f"replay of {log_dir}: {result.events} events fed in {result.seconds:.2f} s "
-             f"({result.simulated_s / 3600:.1f} simulated hours)"]
+    span = (f"a live run spanning {result.span_s:,.0f} s of its clock" if result.live
+            else f"{result.simulated_s / 3600:.1f} simulated hours")
+    lines = [f"replay of {log_dir}: {result.events} events fed in {result.seconds:.2f} s ({span})"]
     for p in result.problems:
         lines.append(f"problem: {p}")
+    for n in result.notes:
+        lines.append(f"note: {n}")
     checked = ", ".join(f"{k} {v}" for k, v in sorted(result.checked.items())) or "nothing"
     lines.append(f"reproduced byte for byte: {checked} "
                  f"(plan.decided: {result.checked.get('plan.decided', 0)} of {result.plan_decided_recorded} recorded)")

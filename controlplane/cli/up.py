@@ -22,9 +22,18 @@ def register(sub) -> None:
     p.add_argument("--tick-period", type=float, default=60.0, help="seconds between clock.tick (0 = none)")
     p.add_argument("--policy", default="rubick",
                    help="scheduling policy: rubick, rubick-e, rubick-r, rubick-n, sia, synergy, antman, equal")
-    p.add_argument("--restart-cost", type=float, default=78.0, help="seconds one reconfiguration costs (default 78)")
+    p.add_argument("--restart-cost", type=float, default=78.0,
+                   help="seconds one reconfiguration costs (default 78; with --sim-cluster also what the simulated "
+                        "agents charge)")
     p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
+    p.add_argument("--sim-cluster", metavar="NxG",
+                   help="also run simulated node agents: N nodes of G GPUs (e.g. 2x4); needs a fresh --data-dir, "
+                        "and the run can be checked with `rubick replay DATA_DIR/events`")
+    p.add_argument("--sim-speed", type=float, default=1.0,
+                   help="simulated seconds per wall second of the simulated cluster (default 1)")
+    p.add_argument("--sim-sample-every", type=float, default=600.0,
+                   help="simulated seconds between a simulated job's metrics.iteration samples (default 600)")
     p.add_argument("--log-level", default="warning", help="python logging level")
     p.set_defaults(func=run)
 
@@ -39,9 +48,22 @@ def run(args: argparse.Namespace) -> int:
     from policy.registry import POLICIES
     if args.policy not in POLICIES:
         return fail(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
+    if args.sim_cluster:
+        from replay.config import parse_cluster
+        try:
+            parse_cluster(args.sim_cluster)
+        except ValueError as exc:
+            return fail(f"--sim-cluster {exc}")
+        if not 0 < args.sim_speed < float("inf") or not 0 < args.sim_sample_every < float("inf"):
+            return fail("--sim-speed and --sim-sample-every must be positive")
+        if args.restart_cost < 0:
+            return fail("--restart-cost must be >= 0")
+    elif args.sim_speed != 1.0 or args.sim_sample_every != 600.0:
+        return fail("--sim-speed and --sim-sample-every need --sim-cluster")
     cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port, policy=args.policy,
                    restart_cost_s=args.restart_cost, quotas=quotas,
-                   metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds)
+                   metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds,
+                   sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every)
     try:
         return asyncio.run(_serve(cfg))
     except KeyboardInterrupt:
@@ -70,4 +92,7 @@ async def _serve(cfg: UpConfig) -> int:
     rec = plane.recorder
     print(f"stopped: {rec.rows_written} events recorded in {rec.files_written} files under {cfg.event_log}",
           flush=True)
+    if cfg.sim_cluster:
+        note = "" if plane.settled else " (stopped before every core answered what was stored)"
+        print(f"check it: rubick replay {cfg.event_log}{note}", flush=True)
     return code

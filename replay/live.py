@@ -1,0 +1,99 @@
+"""A live run with simulated node agents (`rubick up --sim-cluster NxG`): its cores and its run.json.
+
+The live control plane builds its modeler and policy cores here, with `replay.config.control_cores`:
+the very function `rubick replay` rebuilds them with. What replay needs is written to `run.json` in
+the event-log folder (the same file a simulated run has; see docs/simulate.md):
+
+- at start-up, before any core consumes an event: the configuration (`config`: policy, cluster,
+  restart cost, sampling period, quotas, ..., plus `sim_speed` and the clock's origin), the
+  performance-model parameters the cores start from (`params`), which event sources are the
+  cores' answers (`sources`), `kind: "live"`, and the stream token of the log files;
+- when the control plane stops: the manifest of the log files (`files`: rows, sequence range,
+  sha256) and, per core, the stream sequence of the last event it handled (`consumed`). An event
+  after that position never reached that core in the run, so replay does not hand it to the
+  rebuilt core either. A run that never stopped cleanly has neither; replay then checks what the
+  log holds and says that answers to its last events may be missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from controlplane.events import NodeRegistered
+
+from .config import RUN_FILE, Parts, RunConfig, control_cores, load_parts, node_events
+
+KIND = "live"
+FORMAT = 1
+
+
+@dataclass
+class LiveParts:
+    config: RunConfig
+    parts: Parts
+    cores: list[Any]
+    """Admission, modeler and policy, as `control_cores` builds them (and replay rebuilds them)."""
+    agents: Any
+    """The `SimulatedAgents` core."""
+    nodes: list[NodeRegistered]
+
+    def core(self, name: str) -> Any:
+        return next(c for c in self.cores if c.name == name)
+
+
+def build(cfg: RunConfig, cache_dir: Path | None = None) -> LiveParts:
+    """Everything a live simulated cluster runs: the cores, the simulated agents, the nodes."""
+    from agents.simulated import SimulatedAgents
+
+    from .run import ground_truth
+
+    parts = load_parts(cache_dir=cache_dir)
+    agents = SimulatedAgents(ground_truth(parts), restart_cost_s=cfg.restart_cost_s, start_cost_s=cfg.start_cost_s,
+                             sample_every_s=cfg.sample_every_s, noise=cfg.noise, seed=cfg.seed)
+    nodes = [e.payload for e in node_events(cfg.cluster)]
+    return LiveParts(cfg, parts, control_cores(cfg, parts), agents, nodes)
+
+
+def run_description(live: LiveParts, *, stream: str, extra_config: Mapping[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "kind": KIND, "config": {**live.config.to_json(), **extra_config},
+            "params": live.parts.params, "sources": {c.name: [c.name] for c in live.cores}, "stream": stream,
+            "files": []}
+
+
+def write_run(log_dir: Path, run: Mapping[str, Any]) -> Path:
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / RUN_FILE
+    tmp = log_dir / f"{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def manifest(log_dir: Path, stream: str) -> list[dict[str, Any]]:
+    """Every log file of `stream`: name, rows, sequence range, sha256."""
+    from controlplane.recorder.writer import FILE_RE
+
+    out = []
+    for path in sorted(Path(log_dir).iterdir()):
+        m = FILE_RE.match(path.name)
+        if m is None or m["stream"] != stream:
+            continue
+        first, last = int(m["first"]), int(m["last"])
+        out.append({"name": path.name, "rows": last - first + 1, "first_seq": first, "last_seq": last,
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+    return out
+
+
+def finish_run(log_dir: Path, consumed: Mapping[str, int]) -> dict[str, Any]:
+    """Complete run.json once the run has stopped and the recorder has written everything."""
+    path = Path(log_dir) / RUN_FILE
+    run = json.loads(path.read_text())
+    run["files"] = manifest(log_dir, run["stream"])
+    run["consumed"] = dict(sorted(consumed.items()))
+    write_run(log_dir, run)
+    return run
