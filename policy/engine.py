@@ -39,6 +39,7 @@ from controlplane.events import Plan
 from modeler.configs import ConfigError
 
 from .curves import Best, JobKind, PlanBook, down_table, knee, packed, slope_down, slope_up, up_table
+from .plans import canonical
 
 EPS = 1e-9
 
@@ -67,8 +68,11 @@ class JobIn:
     """node -> (GPUs, CPUs) decided in an earlier round."""
     current_plan: Plan | None = None
     running: bool = False
-    """The job has processes that a change would restart."""
+    """The job has processes, or a launch under way, that a change would restart."""
     remaining_iters: float = math.inf
+    target_iters: float = math.inf
+    elapsed_s: float = 0.0
+    """seconds since submission (a guaranteed job's deadline is its reference time from then)."""
 
 
 @dataclass
@@ -92,6 +96,8 @@ class _Job:
     """normalised GPU curve at `cpg` CPUs per GPU."""
     ref: float
     """reference throughput, samples/s."""
+    request: Best | None = None
+    """the owner's plan on the requested GPUs (packed), when it runs: what the guarantee promises."""
     min_g: int = 0
     min_c: int = 0
     want_g: int = 0
@@ -160,6 +166,11 @@ class RubickEngine:
     min_cpus_per_gpu: int = 1
     mem_per_gpu_gb: float = 0.0
     """Host memory reserved per GPU beside the plan's own need (data loaders, pinned buffers)."""
+    guarantee_margin: float = 0.1
+    """A guaranteed job leaves its requested plan and resources only for a predicted throughput at
+    least this much over its reference: predictions are trusted only so far (the modeler refits a
+    type whose rolling error passes 10%). On its own request it runs its own plan unless another
+    beats it by the margin."""
 
     # ---------------------------------------------------------------------------------------
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
@@ -199,37 +210,62 @@ class RubickEngine:
         cpg = min(self._ratio(inp), self.book.max_cpus_per_gpu)
         place = packed(inp.requested_gpus, self.book.node_gpus)
         kind = inp.kind
-        try:
-            times, _ = self.book.oracle.evaluate(kind.model, kind.global_batch, place, cpg, [inp.requested_plan])
-        except ConfigError:  # the requested plan cannot run on its own request (e.g. TP across nodes)
-            times = np.array([np.inf])
-        if np.isfinite(times[0]) and times[0] > 0:
+        times, request = self._request(inp, cpg)
+        if request is not None:
             return kind.global_batch / float(times[0]), cpg
         best = self.book.best(kind, place, cpg).throughput
         if best > 0:
             return best, cpg
         return float(self.book.gpu_curve(kind, cpg).max()), cpg
 
+    def _request(self, inp: JobIn, cpg: int) -> tuple[np.ndarray, Best | None]:
+        """(seconds per iteration, the owner's plan on its packed request) or None if it cannot run."""
+        place = packed(inp.requested_gpus, self.book.node_gpus)
+        kind = inp.kind
+        try:
+            times, plans = self.book.oracle.evaluate(kind.model, kind.global_batch, place, cpg, [inp.requested_plan])
+        except ConfigError:  # the requested plan cannot run on its own request (e.g. TP across nodes)
+            return np.array([np.inf]), None
+        if np.isfinite(times[0]) and times[0] > 0:
+            return times, Best(kind.global_batch / float(times[0]), plans[0], canonical(place))
+        return times, None
+
     def min_res(self, inp: JobIn, ref: float, cpg: int) -> tuple[int, int]:
-        """Fewest GPUs, then CPUs, reaching `ref` under any allowed plan, within the request."""
-        for g in range(1, inp.requested_gpus + 1):
+        """Fewest GPUs, then CPUs, reaching `ref` (by the guarantee margin) under any allowed plan,
+        within the request; the request itself when nothing smaller does."""
+        for g in range(1, inp.requested_gpus):
             place = packed(g, self.book.node_gpus)
             for c in range(1, cpg + 1):
-                if self.book.best(inp.kind, place, c).throughput >= ref * (1 - 1e-6):
+                if self.book.best(inp.kind, place, c).throughput >= ref * (1 + self.guarantee_margin):
                     return g, g * c
         return inp.requested_gpus, inp.requested_gpus * cpg
+
+    def _guarded(self, job: _Job, best: Best) -> Best:
+        """The plan a guaranteed job runs on `best.placement`: the predicted best when it beats the
+        reference by the margin, else its own plan where the placement is its request's."""
+        if best.plan is None or best.throughput >= job.ref * (1 + self.guarantee_margin):
+            return best
+        if job.request is not None and best.placement == job.request.placement:
+            return job.request
+        return best
+
+    def _meets(self, job: _Job, best: Best | None) -> bool:
+        """Whether `best` (already guarded) keeps the guarantee."""
+        if best is None or best.plan is None:
+            return False
+        return best is job.request or best.throughput >= job.ref * (1 + self.guarantee_margin)
 
     def _prepare(self, inp: JobIn) -> _Job:
         guaranteed = inp.guaranteed and not self.fixed_resources
         key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed)
-        cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab = self.book.memo(
+        cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = self.book.memo(
             inp.kind, key, lambda: self._demand(inp, guaranteed))
         return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
-                    up_tab=up_tab, down_tab=down_tab)
+                    up_tab=up_tab, down_tab=down_tab, request=request)
 
     def _demand(self, inp: JobIn, guaranteed: bool) -> tuple:
         """(CPUs per GPU, reference, normalised curve, wanted GPUs, minimum GPUs, minimum CPUs,
-        slope tables up and down): what a job's request means, the same for every job of its kind
+        slope tables up and down, the request as a plan): what a job's request means, the same for every job of its kind
         with the same request."""
         book, kind = self.book, inp.kind
         ref, cpg = self.reference(inp)
@@ -243,7 +279,8 @@ class RubickEngine:
             min_g, min_c = self.min_res(inp, ref, cpg)
         probe = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g)
         self._tables(probe)
-        return cpg, ref, curve, want_g, min_g, min_c, probe.up_tab, probe.down_tab
+        request = self._request(inp, cpg)[1] if guaranteed else None
+        return cpg, ref, curve, want_g, min_g, min_c, probe.up_tab, probe.down_tab, request
 
     def _normalised(self, kind: JobKind, cpg: int, ref: float) -> np.ndarray:
         raw = self.book.gpu_curve(kind, cpg)
@@ -290,7 +327,7 @@ class RubickEngine:
         for job in self.jobs.values():
             if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
                 continue
-            if job.best is not None and job.best.throughput >= job.ref * (1 - 1e-6):
+            if self._meets(job, self._guarded(job, job.best) if job.best is not None else None):
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 self._reindex(job)
@@ -437,9 +474,23 @@ class RubickEngine:
         key = (v.id, place, self._cpg_of(v))
         hit = self._guarantee_memo.get(key)
         if hit is None:
-            hit = self._guarantee_memo[key] = \
-                self.book.best_within(v.inp.kind, place, key[2]).throughput >= v.ref * (1 - 1e-6)
+            hit = self._guarantee_memo[key] = self._guaranteed_after(v, self.book.best_within(v.inp.kind, place,
+                                                                                              key[2]).throughput)
         return hit
+
+    def _guaranteed_after(self, v: _Job, throughput: float) -> bool:
+        """Whether a guaranteed job shrunk to `throughput` still meets its guarantee: at least its
+        reference (by the margin), and, when the change restarts it, a restart followed by the rest
+        of its work at `throughput` still ends before its deadline: the time its whole work takes
+        at the reference, counted from its submission."""
+        if throughput < v.ref * (1 + self.guarantee_margin):
+            return False
+        inp = v.inp
+        if not inp.running or not math.isfinite(inp.remaining_iters) or not math.isfinite(inp.target_iters):
+            return True
+        gbs = inp.kind.global_batch
+        left = inp.target_iters * gbs / v.ref - inp.elapsed_s
+        return self.restart_cost_s + inp.remaining_iters * gbs / throughput <= left
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         if src is None:
@@ -530,13 +581,17 @@ class RubickEngine:
         best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), max(cpg, job.cpg))
         if best.plan is None:
             return False
-        if job.privileged and best.throughput < job.ref * (1 - 1e-6):
+        if job.privileged and not self._meets(job, self._guarded(job, best)):
             return False
         self._trim(jr, job, best.placement)
         if not self._alloc_cpus(jr, job):
             return False
         best = self.book.best(job.inp.kind, best.placement, self._cpg_of(job))
-        if best.plan is None or (job.privileged and best.throughput < job.ref * (1 - 1e-6)):
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return False
+        if best.plan is None:
             return False
         if not self._alloc_mem(jr, job, best):
             return False
@@ -643,6 +698,8 @@ class RubickEngine:
             return Outcome(job.id, {}, None, 0.0, reason, job.detail)
         cpg = self._cpg_of(job)
         best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), cpg)
+        if job.privileged:
+            best = self._guarded(job, best)
         if best.plan is None:
             return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"})
         plan = best.plan

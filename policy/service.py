@@ -153,8 +153,10 @@ class PolicyCore:
                      kind=self._kind(model, job.global_batch_size, job.requested_plan),
                      order=self.order.get(job.job_id, len(self.order)), requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan, current=current,
-                     current_plan=job.decided_plan if current else None, running=job.status == "running",
-                     remaining_iters=remaining if remaining > 0 else math.inf)
+                     current_plan=job.decided_plan if current else None,
+                     running=job.status == "running" or bool(current),
+                     remaining_iters=remaining if remaining > 0 else math.inf,
+                     target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at))
 
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:

@@ -24,6 +24,7 @@ from .timeline import Timeline, build
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("done", "{}"), ("avg JCT h", "{:.2f}"), ("P99 JCT h", "{:.2f}"),
            ("makespan h", "{:.2f}"), ("guar. avg h", "{}"), ("b-e avg h", "{}"), ("SLO viol.", "{}"),
+           ("in quota", "{}"),
            ("GPU util", "{:.1%}"), ("reconfigs", "{}"), ("restart cost h", "{:.2f}"), ("fallbacks", "{}"))
 
 
@@ -49,7 +50,8 @@ def table_rows(runs: Sequence[Path], summaries: Sequence[dict[str, Any]]) -> lis
         j = s["jobs"]
         values = [label, s["config"]["policy"], f"{j['completed']}/{j['submitted']}",
                   s["jct"]["avg_h"] or 0.0, s["jct"]["p99_h"] or 0.0, s["makespan_h"], _h(s["guaranteed"]),
-                  _h(s["best_effort"]), s["slo_violations"], s["gpu_utilisation"], s["reconfigurations"],
+                  _h(s["best_effort"]), s["slo_violations"],
+                  s.get("slo_violations_within_quota", "-"), s["gpu_utilisation"], s["reconfigurations"],
                   s["restarts"]["total_cost_s"] / 3600, s["fallback_to_model"]["lookups"]]
         rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)])
     return rows

@@ -78,7 +78,8 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
         "ignored_decisions": agents.ignored_decisions,
         **(extra or {}),
     }
-    summary = summarize(result.events, result.wire, reference_time(truth, node_gpus), extra=sim_extra)
+    summary = summarize(result.events, result.wire, reference_time(truth, node_gpus), extra=sim_extra,
+                        start_cost_s=cfg.start_cost_s, quotas=cfg.quotas)
     files: list[Path] = []
     t0 = time.perf_counter()
     if out_dir is not None:

@@ -11,7 +11,13 @@ Definitions (docs/simulate.md):
   (`slo_violations_after_waiting`: those of them that waited for GPUs before their first start):
   `target_iterations * t_iter(requested plan, packed placement)`, where the packed placement fills
   whole 8-GPU nodes first (e.g. 24 GPUs = 8;8;8) or, where that was never measured, the first measured
-  placement of equal nodes. A guaranteed job that does not complete counts as a violation too.
+  placement of equal nodes, plus the start cost where the run charges one (a job running as asked
+  starts too). A guaranteed job that does not complete counts as a violation too.
+  `slo_violations_within_quota` counts only the jobs the guarantee covers: the paper promises a
+  guaranteed job its performance "as long as the quota is enough", so a job is covered when, at its
+  submission, the requested GPUs of its tenant's guaranteed jobs not yet completed, its own
+  included, fit in the tenant's quota (the whole cluster where no quotas are set; 0 for a tenant
+  missing from them).
 - GPU utilisation = GPU-seconds held by jobs / (cluster GPUs x makespan); `busy` counts only
   the time jobs ran (not restarting).
 - plan_decided_sha256 = sha256 over every `plan.decided` message's wire bytes, in stream order,
@@ -63,22 +69,41 @@ def _stats(values: list[float]) -> dict[str, float | int | None]:
     return {"n": len(values), "avg_s": avg, "p99_s": p99, "avg_h": avg / 3600, "p99_h": p99 / 3600, "median_s": med}
 
 
+def within_quota(tl: Timeline, subs: dict[str, JobSubmitted], quotas: dict[str, int] | None) -> set[str]:
+    """The guaranteed jobs whose tenant's quota held their request when they were submitted."""
+    covered, owed = set(), []  # (tenant, GPUs, completion time or inf) of guaranteed jobs so far
+    for job_id in sorted(tl.jobs, key=lambda j: (tl.jobs[j].submitted, j)):
+        line = tl.jobs[job_id]
+        if not line.guaranteed:
+            continue
+        tenant, t = subs[job_id].tenant, line.submitted
+        quota = tl.total_gpus if quotas is None else int(quotas.get(tenant, 0))
+        held = sum(g for ten, g, end in owed if ten == tenant and end > t)
+        if held + line.requested_gpus <= quota:
+            covered.add(job_id)
+        owed.append((tenant, line.requested_gpus, line.end if line.status == "completed" else float("inf")))
+    return covered
+
+
 def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime, *,
-              extra: dict[str, Any] | None = None, timeline: Timeline | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None, timeline: Timeline | None = None,
+              start_cost_s: float = 0.0, quotas: dict[str, int] | None = None) -> dict[str, Any]:
     tl = timeline or build(events)
     subs = {e.payload.job_id: e.payload for e in events if e.base == "job.submitted"}
+    covered = within_quota(tl, subs, quotas)
     jobs, jct_all, jct_g, jct_b = [], [], [], []
-    violations = waited = 0
+    violations = waited = in_quota = 0
     for job_id in sorted(tl.jobs, key=lambda j: (tl.jobs[j].submitted, j)):
         line = tl.jobs[job_id]
         sub = subs[job_id]
         jct = None if line.status != "completed" else line.end - line.submitted
-        ref = sub.target_iterations * ref_time(sub) if line.guaranteed else None
+        ref = sub.target_iterations * ref_time(sub) + start_cost_s if line.guaranteed else None
         violated = None
         wait = (line.segments[0].start - line.submitted) if line.segments else None
         if line.guaranteed:
             violated = jct is None or jct > ref * (1 + 1e-9) + 1e-6
             violations += bool(violated)
+            in_quota += bool(violated) and job_id in covered
             if violated:
                 waited += bool(wait is None or wait > 0)
         if jct is not None:
@@ -86,7 +111,8 @@ def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime,
             (jct_g if line.guaranteed else jct_b).append(jct)
         jobs.append({"job_id": job_id, "model": line.model, "guaranteed": line.guaranteed, "status": line.status,
                      "submitted_s": line.submitted, "end_s": line.end, "jct_s": jct, "slo_jct_s": ref,
-                     "slo_violated": violated, "wait_s": wait, "gpus": line.requested_gpus,
+                     "slo_violated": violated, "within_quota": job_id in covered if line.guaranteed else None,
+                     "wait_s": wait, "gpus": line.requested_gpus,
                      "restarts": sum(1 for s in line.segments if s.state == "restart")})
     ends = [j["end_s"] for j in jobs if j["status"] == "completed"]
     first = min((j["submitted_s"] for j in jobs), default=0.0)
@@ -107,6 +133,8 @@ def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime,
         "makespan_h": makespan / 3600,
         "slo_violations": violations,
         "slo_violations_after_waiting": waited,
+        "slo_violations_within_quota": in_quota,
+        "guaranteed_within_quota": len(covered),
         "gpu_utilisation": held / denom if denom else 0.0,
         "gpu_utilisation_busy": busy / denom if denom else 0.0,
         "cluster_gpus": tl.total_gpus,
