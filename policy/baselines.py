@@ -18,8 +18,11 @@ the same oracle, the same events, the same restart cost.
   requested resources and plan, in submission order, preempting opportunistic (best-effort) jobs
   when idle GPUs are not enough; best-effort jobs run on idle GPUs with their requested size and
   plan (FIFO with backfilling) and are the first to be preempted.
-- `equal`: every active job gets an equal share of the GPUs (in submission order when there are
-  more jobs than GPUs), with the best plan for that share (plans re-decided, like Rubick).
+- `equal`: every active job gets an equal share of the GPUs, with the best plan for that share
+  (plans re-decided, like Rubick). Jobs are admitted in submission order while their smallest
+  runnable sizes fit; a job whose smallest runnable size is over the share gets that size and the
+  others share the rest equally (water-filling), so a model that cannot run on one GPU is not
+  starved by an equal split it cannot use.
 """
 
 from __future__ import annotations
@@ -229,11 +232,17 @@ class EqualEngine(_Simple):
         self._reset(nodes)
         ordered = sorted(jobs, key=lambda j: (j.order, j.job_id))
         total = sum(n.gpus for n in nodes)
-        active = ordered[:total]
-        share = max(1, total // max(1, len(active)))
+        active, least, room = [], {}, total  # in order, every job whose smallest runnable size still fits
+        for job in ordered:
+            g = self._smallest(job)
+            if g and g <= room:
+                active.append(job)
+                least[job.job_id] = g
+                room -= g
+        share = self._water_level(total, [least[j.job_id] for j in active])
         out: dict[str, Outcome] = {}
         for job in active:
-            g = self._usable(job, share)
+            g = self._usable(job, max(share, least[job.job_id]))
             if g and job.current and sum(x for x, _ in job.current.values()) == g:
                 held = self._hold(job)
                 if held:
@@ -241,7 +250,7 @@ class EqualEngine(_Simple):
         for job in active:
             if job.job_id in out:
                 continue
-            g = self._usable(job, share)
+            g = self._usable(job, max(share, least[job.job_id]))
             place = self._fit(g) if g else None
             if place is None:
                 out[job.job_id] = self._outcome(job, None, {}, "queued")
@@ -251,9 +260,31 @@ class EqualEngine(_Simple):
             if not o.shares:
                 self._give(place, cpus)
             out[job.job_id] = o
-        for job in ordered[total:]:
-            out[job.job_id] = self._outcome(job, None, {}, "queued")
+        for job in ordered:
+            if job.job_id not in out:
+                out[job.job_id] = self._outcome(job, None, {}, "queued")
         return [out[j.job_id] for j in jobs]
+
+    @staticmethod
+    def _water_level(total: int, least: list[int]) -> int:
+        """The largest equal share s with sum(max(least, s)) <= total: jobs that need more than the
+        share get their smallest runnable size, the others share what is left equally."""
+        lo, hi = 1, max(1, total)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if sum(max(g, mid) for g in least) <= total:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _smallest(self, job: JobIn) -> int:
+        """The fewest GPUs on which some plan of the job runs (0: none within a curve's range)."""
+        curve = self.book.gpu_curve(job.kind, max(1, job.requested_cpus // max(1, job.requested_gpus)) or 1)
+        for g in range(1, len(curve)):
+            if self.book.best(job.kind, packed(g, self.book.node_gpus), 4).plan is not None:
+                return g
+        return 0
 
     def _usable(self, job: JobIn, share: int) -> int:
         """The largest GPU count up to the share on which some plan runs (0: none)."""

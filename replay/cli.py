@@ -24,9 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     group.add_argument("--policy", help="policy name (see policy.registry)")
     group.add_argument("--policies", help="comma-separated policy names, or 'all'; one run per policy in OUT/<name>")
     p.add_argument("--out", type=Path, required=True, help="run folder (events/, summary.json)")
-    p.add_argument("--restart-cost", type=float, default=78.0, help="seconds a reconfiguration costs (default 78)")
-    p.add_argument("--start-cost", type=float, default=0.0,
+    p.add_argument("--restart-cost", type=float, help="seconds a reconfiguration costs (default 78)")
+    p.add_argument("--start-cost", type=float,
                    help="seconds a job's first launch takes before it makes progress (default 0)")
+    p.add_argument("--artifact-costs", action="store_true",
+                   help="the cost model of the paper's own simulator: 260 s for every placement change, the "
+                        "first start included (sets --start-cost and --restart-cost to 260 unless given)")
+    p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs "
+                                               "(default: the whole cluster for every tenant)")
     p.add_argument("--seed", type=int, default=0, help="seed of the agents' measurement noise (default 0)")
     p.add_argument("--oracle", choices=("model", "table"), default="model",
                    help="what the policy believes about iteration times: the fitted model (default) or the table")
@@ -72,16 +77,28 @@ def _policies(args: argparse.Namespace) -> list[str]:
     return names
 
 
+ARTIFACT_COST_S = 260.0
+"""The paper's simulator charges this on every placement change, the first start included."""
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .config import RunConfig, default_cache_dir, load_parts, parse_cluster, policy_names
     from .importers import read_trace
     from .run import simulate, trace_inputs
     from .trace import TraceError, scale_trace
 
+    from controlplane.cli.service import read_quotas
+
     try:
         parse_cluster(args.cluster)
-    except ValueError as exc:
+        quotas = read_quotas(args.quotas)
+    except (OSError, ValueError) as exc:
         return fail(str(exc))
+    default_cost = ARTIFACT_COST_S if args.artifact_costs else None
+    restart_cost = args.restart_cost if args.restart_cost is not None else (default_cost or 78.0)
+    start_cost = args.start_cost if args.start_cost is not None else (default_cost or 0.0)
+    if restart_cost < 0 or start_cost < 0:
+        return fail("--restart-cost and --start-cost must be >= 0 seconds")
     if args.scale < 1:
         return fail("--scale must be >= 1")
     names = _policies(args)
@@ -109,8 +126,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if trace.filtered:
         print(f"{len(trace.filtered)} line(s) not replayed by the {trace.layout} layout's rules", file=sys.stderr)
     jobs = scale_trace(trace.jobs, args.scale)
-    base = RunConfig(policy=names[0], cluster=args.cluster, restart_cost_s=args.restart_cost,
-                     start_cost_s=args.start_cost, seed=args.seed,
+    base = RunConfig(policy=names[0], cluster=args.cluster, restart_cost_s=restart_cost,
+                     start_cost_s=start_cost, seed=args.seed, quotas=quotas,
                      oracle=args.oracle, tick_period_s=args.tick, sample_every_s=args.sample_every, noise=args.noise,
                      max_time_s=args.max_time_h * 3600, trace=str(args.trace),
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,

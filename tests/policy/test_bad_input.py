@@ -132,3 +132,28 @@ def test_sia_keeps_a_job_it_cannot_run_plain_dp_on_its_requested_plan_instead_of
     assert [e.subject for e in out] == ["plan.decided"]
     d = decisions(out)["l"]
     assert d.plan.offload and sum(s.gpus for s in d.allocation) == 8
+
+
+def test_equal_share_never_starves_jobs_that_cannot_run_on_an_equal_split():
+    """Many LLaMA-30B jobs (none runs on fewer than 24 GPUs by the table) on 64 GPUs: an equal split
+    (4 GPUs each) runs none of them; `equal` gives the first ones their smallest runnable size."""
+    from .helpers import table_core
+
+    core = table_core("equal", ["llama30"])
+    c = Clock()
+    for i in range(8):
+        core.handle(c.ev("node.registered", node(f"n{i}")))
+    out = []
+    for i in range(16):
+        out += core.handle(c.ev("job.submitted", job(f"l{i}", "llama30", 64, Plan(pp=5, tp=2, dp=4), 40, 320)))
+    out += core.handle(c.ev("clock.tick", _tick(1)))
+    running = {j: d for j, d in decisions(out).items() if d.allocation}
+    gpus = {j: sum(s.gpus for s in d.allocation) for j, d in running.items()}
+    assert running and sum(gpus.values()) <= 64
+    assert min(gpus.values()) >= 24, gpus
+    assert "l0" in running  # in submission order
+
+
+def _tick(seq: int):
+    from controlplane.events import ClockTick
+    return ClockTick(seq=seq, period_s=60.0)
