@@ -47,3 +47,26 @@ def test_bad_traces_are_refused_or_skipped_by_line(tmp_path, capsys):
     assert main(["simulate", "--trace", str(trace), "--policy", "nope", "--out", str(out)]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "nowhere")]) == 2
+
+
+def test_artifact_costs_and_quotas_reach_the_run(tmp_path, capsys):
+    """`--artifact-costs` charges 260 s on every start and restart; `--quotas` limits guaranteed jobs:
+    with a quota of 0 GPUs no guaranteed job is covered by the guarantee."""
+    trace = trace_slice(tmp_path, "workload-mt.csv", rows=12, start=20)
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("default: 0\n")
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--artifact-costs", "--quotas", str(quotas),
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["start_cost_s"] == 260 and summary["config"]["restart_cost_s"] == 260
+    assert summary["config"]["quotas"] == {"default": 0}
+    assert summary["guaranteed"]["n"] > 0 and summary["guaranteed_within_quota"] == 0
+    assert summary["slo_violations_within_quota"] == 0
+    assert summary["restarts"]["counts"]["start"] == summary["jobs"]["completed"] > 0
+    assert summary["restarts"]["seconds"]["start"] >= 260 * summary["restarts"]["counts"]["start"]  # a launch cut short starts over
+    assert all(j["jct_s"] >= 260 for j in summary["per_job"] if j["status"] == "completed")
+    quotas.write_text("default: -3\n")
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--quotas", str(quotas),
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "quotas must map tenant names" in capsys.readouterr().err
