@@ -104,3 +104,13 @@ def test_fit_is_deterministic(models, env):
     model = models["gpt2"]
     pts = measured(model, env, configs())
     assert fit(model, env, pts) == fit(model, env, pts)
+
+
+def test_what_the_points_do_not_inform_stays_at_its_prior(models, env):
+    # every point inside one node and none under TP or PP: k_3d is not fitted, and the weak priors
+    # keep the fit exact
+    model = models["bert"]
+    cfgs = [c for c in configs(4) if len(c.gpus_per_node) == 1]
+    res = fit(model, env, measured(model, env, cfgs))
+    assert "k_3d" not in res.fitted and res.params.k_3d == 1.0
+    assert res.rmsle < 0.01
