@@ -33,6 +33,9 @@ class Environment:
     nics_per_node: int = 1
     """RDMA NICs per node; b_inter_gbps is their sum. The GPUs of a node share them evenly
     (gpus_per_node / nics_per_node GPUs behind each NIC's PCIe switch)."""
+    offload_ns_per_param: float = 0.0
+    """Host time per model parameter (ns) that every ZeRO-Offload step spends whatever the number
+    of GPUs and their placement (docs/modeler.md, "Extensions"); 0 leaves it out."""
 
     @property
     def b_intra(self) -> float:

@@ -5,21 +5,31 @@
 - T_fwd: the profiled forward of one GPU at the spec's global batch, scaled linearly to the
   per-GPU batch (DP) and tensor shard (TP); under PP with m micro-batches and p stages the fill
   gives T_fwd = t_p * g_p / p * (m + p - 1), i.e. the full-model time per micro-batch and stage
-  times (m + p - 1). GA runs `a` forward/backward passes of 1/a of the batch each.
+  times (m + p - 1). GA runs `a` forward/backward passes of 1/a of the batch each. Plans with
+  t * p > 1 run on the tensor/pipeline engine, whose compute is scaled by k_3d.
 - T_bwd = k_bwd * T_fwd, plus one extra forward under gradient checkpointing (GC).
 - Communication T = V / B with the bottleneck bandwidth of the placement: NVLink when the group
-  stays inside one node, the inter-node link when it crosses nodes.
+  stays inside one node, the inter-node link when it crosses nodes (the NICs a group reaches,
+  shared by the t tensor-parallel ranks of a node; `Environment.b_inter_rails`).
   V_dp = P * 2(d-1) / (d t p),  V_tp = 8 (t-1) b s h l / (d t),  V_pp = 2 p b s h / (d t)
   (each 0 when its degree is 1), in elements of 2 bytes (16-bit gradients and activations).
-- T_cc = a T_fwd' + (a-1) T_bwd' + f_overlap^k_sync(T_bwd', T_dp) + T_tp + T_pp, where ' is one
+- DP synchronisation: plain DP all-reduces the gradients during the backward (T_sync = T_dp).
+  ZeRO stages 1-2 reduce-scatter them during the backward (half the volume) and all-gather the
+  updated 16-bit parameters after the optimizer step (the other half, T_ag, on the critical path);
+  stage 3 also all-gathers the parameters for the forward and again for the backward. Under
+  ZeRO-Offload the synchronisation overlaps the offload traffic inside T_oo (as the appendix has it)
+  and is not counted again in T_cc.
+- T_cc = a T_fwd' + (a-1) T_bwd' + f_overlap^k_sync(T_bwd', T_sync) + T_tp + T_pp, where ' is one
   GA step.
 - T_opt = k_opt * P / x with x = t p (3D) or d t p (ZeRO); under ZeRO-Offload the step runs on
   the CPUs: T_opt = k_opt_off * P / (d t p c) with c CPU threads per GPU.
 - T_off = P / (d t p B_pcie) in 4 bytes per parameter (16-bit gradients down, 16-bit parameters up).
-- T_oo = f_overlap^k_off(T_dp, T_off) + f_overlap^k_swap(T_opt, T_off) under ZeRO-Offload, else T_opt.
+- T_oo = f_overlap^k_off(T_dp, T_off) + f_overlap^k_swap(T_opt, T_off) + T_host under
+  ZeRO-Offload, where T_host = P * `Environment.offload_ns_per_param` is the host's per-step work
+  that does not shrink with more GPUs; else T_opt + T_ag.
 - f_overlap^k(x, y) = (x^k + y^k)^(1/k): x + y at k = 1, towards max(x, y) as k grows.
 
-Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap are pure numbers; k_opt is
+Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap, k_3d are pure numbers; k_opt is
 nanoseconds per parameter on one GPU; k_opt_off is nanoseconds per parameter on one CPU thread;
 k_const is seconds. Pure code: no I/O.
 """
@@ -97,7 +107,7 @@ class Parts:
 
     t_fwd: np.ndarray     # forward of the whole iteration (all GA steps, PP fill)
     t_bwd: np.ndarray     # backward of the whole iteration (with GC's extra forward)
-    t_comm_dp: np.ndarray
+    t_comm_dp: np.ndarray  # the whole DP volume V_dp over its bandwidth
     t_comm_tp: np.ndarray
     t_comm_pp: np.ndarray
     t_cc: np.ndarray
@@ -105,9 +115,13 @@ class Parts:
     t_off: np.ndarray
     t_oo: np.ndarray
     t_iter: np.ndarray
+    t_sync: np.ndarray    # DP synchronisation overlapped with the last backward (in T_cc)
+    t_ag: np.ndarray      # ZeRO's parameter all-gather after the optimizer step (in T_oo)
 
 
 def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> Parts:
+    """Every part for every configuration. The parameters may also be numpy arrays of shape (k, 1),
+    giving (k, n) arrays: k parameter sets at once (the fit's finite differences)."""
     spec = model.spec
     d = batch.dp.astype(np.float64)
     t = batch.tp.astype(np.float64)
@@ -117,10 +131,12 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     b = batch.global_batch
     P = float(spec.num_params)
     shs = float(spec.seq_len * spec.hidden_size)
+    zero = batch.zero_stage > 0
+    off = batch.offload
 
     # forward: per-GPU batch and tensor shard, PP fill over m micro-batches and p stages
     engine = np.where(t * p > 1, params.k_3d, 1.0)
-    t_fwd = engine * model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p)
+    t_fwd = engine * (model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p))
     t_fwd_step = t_fwd / a
     t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc, t_fwd_step, 0.0)
 
@@ -135,21 +151,31 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     t_comm_tp = v_tp / np.where(batch.tp_inter, b_inter, env.b_intra)
     t_comm_pp = v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
 
-    t_cc = (a * t_fwd_step + (a - 1.0) * t_bwd_step + f_overlap(t_bwd_step, t_comm_dp, params.k_sync)
-            + t_comm_tp + t_comm_pp)
+    # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
+    # backward and parameter all-gather after the step; under offload all of it inside T_oo
+    half = 0.5 * t_comm_dp
+    stage3 = batch.zero_stage == 3
+    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, half), t_comm_dp))
+    t_ag = np.where(zero & ~off & ~stage3, half, 0.0)
+    t_ag_fwd = np.where(stage3, half, 0.0)
+
+    t_cc = (a * t_fwd_step + (a - 1.0) * t_bwd_step + f_overlap(t_bwd_step, t_sync, params.k_sync)
+            + t_comm_tp + t_comm_pp + t_ag_fwd)
 
     # optimizer and offload
-    shards = np.where(batch.zero_stage > 0, d * t * p, t * p)
+    shards = np.where(zero, d * t * p, t * p)
     cpus = np.where(np.isnan(batch.cpus), float(env.default_cpus_per_gpu), batch.cpus)
-    t_opt = np.where(batch.offload, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
+    t_opt = np.where(off, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
     b_pcie = env.b_pcie if model.b_pcie_gbps is None else model.b_pcie_gbps * 1e9
-    t_off = np.where(batch.offload, OFFLOAD_BYTES * P / (d * t * p * b_pcie), 0.0)
-    t_oo = np.where(batch.offload,
-                    f_overlap(t_comm_dp, t_off, params.k_off) + f_overlap(t_opt, t_off, params.k_swap), t_opt)
+    t_off = np.where(off, OFFLOAD_BYTES * P / (d * t * p * b_pcie), 0.0)
+    t_host = env.offload_ns_per_param * NS * P
+    t_oo = np.where(off, f_overlap(t_comm_dp, t_off, params.k_off) + f_overlap(t_opt, t_off, params.k_swap) + t_host,
+                    t_opt + t_ag)
 
     total = t_cc + t_oo + params.k_const
     return Parts(t_fwd=t_fwd, t_bwd=t_bwd_step * a, t_comm_dp=t_comm_dp, t_comm_tp=t_comm_tp,
-                 t_comm_pp=t_comm_pp, t_cc=t_cc, t_opt=t_opt, t_off=t_off, t_oo=t_oo, t_iter=total)
+                 t_comm_pp=t_comm_pp, t_cc=t_cc, t_opt=t_opt, t_off=t_off, t_oo=t_oo, t_iter=total,
+                 t_sync=t_sync, t_ag=t_ag)
 
 
 def t_iter(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> np.ndarray:

@@ -124,3 +124,49 @@ def test_vectorised_equals_one_by_one(models, env):
     whole = t_iter(m, env, p, batch(*cfgs))
     single = [t_iter(m, env, p, batch(c))[0] for c in cfgs]
     assert np.allclose(whole, single)
+
+
+def test_zero_splits_the_dp_volume(models, env):
+    # plain DP all-reduces in the backward; ZeRO 1-2 reduce-scatter there (half the volume) and
+    # all-gather the updated parameters after the step (the other half); stage 3 also gathers them
+    # for the forward and the backward
+    m, p = models["gpt2"], PerfParams(k_sync=1.0)
+    pr = parts(m, env, p, batch(*[cfg(gpn=(4, 4), dp=8, zero_stage=z) for z in (0, 1, 2, 3)]))
+    whole = pr.t_comm_dp[0]
+    assert whole > 0 and np.allclose(pr.t_comm_dp, whole)
+    assert np.allclose(pr.t_sync, [whole, whole / 2, whole / 2, whole])
+    assert np.allclose(pr.t_ag, [0.0, whole / 2, whole / 2, 0.0])
+    assert np.allclose(pr.t_oo, pr.t_opt + pr.t_ag)
+    assert pr.t_iter[3] > pr.t_iter[2]
+
+
+def test_offload_counts_the_sync_once_in_t_oo(models, env):
+    m, p = models["t5"], PerfParams(k_off=1.7, k_swap=2.3)
+    pr = parts(m, env, p, batch(cfg(gpn=(4, 4), dp=8, zero_stage=2, offload=True)))
+    assert pr.t_sync[0] == 0 and pr.t_ag[0] == 0
+    host = env.offload_ns_per_param * 1e-9 * m.spec.num_params
+    assert host > 0
+    expect = (f_overlap(pr.t_comm_dp, pr.t_off, 1.7) + f_overlap(pr.t_opt, pr.t_off, 2.3) + host)[0]
+    assert np.isclose(pr.t_oo[0], expect)
+
+
+def test_offload_host_time_is_the_same_on_any_gpus(models, env):
+    m, p = models["bert"], PerfParams()
+    placements = [((1,), 1), ((2,), 2), ((8,), 8), ((4, 4), 8), ((1,) * 8, 8)]
+    cfgs = [cfg(gpn=g, dp=d, zero_stage=2, offload=True) for g, d in placements]
+    with_host = t_iter(m, env, p, batch(*cfgs))
+    without = t_iter(m, replace(env, offload_ns_per_param=0.0), p, batch(*cfgs))
+    assert np.allclose(with_host - without, env.offload_ns_per_param * 1e-9 * m.spec.num_params)
+    plain = [cfg(gpn=(8,), dp=8), cfg(gpn=(8,), dp=8, zero_stage=2)]
+    assert np.allclose(t_iter(m, env, p, batch(*plain)), t_iter(m, replace(env, offload_ns_per_param=0.0), p,
+                                                              batch(*plain)))
+
+
+def test_environment_files_without_the_offload_host_time_load(tmp_path):
+    from modeler.env import load_env
+    from tests.modeler.conftest import ENV_FILE
+
+    text = "\n".join(line for line in ENV_FILE.read_text().splitlines() if not line.startswith("offload_ns_per_param"))
+    (tmp_path / "env.yaml").write_text(text + "\n")
+    assert load_env(tmp_path / "env.yaml").offload_ns_per_param == 0.0
+    assert load_env(ENV_FILE).offload_ns_per_param > 0

@@ -14,19 +14,19 @@ import pytest
 from modeler.validate import format_report, validate
 from tests.modeler.conftest import DATA, KEYS, MODELS
 
-REACHED = {("gpt2", "DP"), ("gpt2", "GC"), ("llama30", "TP+PP"), ("llama30", "DP+TP+PP")}
+REACHED = {("gpt2", "DP"), ("gpt2", "GC"), ("llama7", "TP+PP"), ("llama30", "TP+PP"), ("llama30", "DP+TP+PP")}
 BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     # (model, plan) -> (average %, maximum %) not to exceed; measured figures plus about 1 point
-    ("vit", "DP"): (59, 86), ("vit", "GC"): (54, 86.5), ("vit", "ZeRO-DP+GA"): (50, 89.5),
-    ("vit", "ZeRO-Offload"): (17.5, 32.5),
-    ("roberta", "DP"): (12.5, 87), ("roberta", "GC"): (13, 21.5), ("roberta", "ZeRO-DP+GA"): (13, 93),
-    ("roberta", "ZeRO-Offload"): (11, 83),
-    ("bert", "DP"): (6.5, 10.5), ("bert", "GC"): (9, 28), ("bert", "ZeRO-DP+GA"): (14, 31),
-    ("bert", "ZeRO-Offload"): (5.5, 13),
-    ("t5", "DP"): (15.5, 38.5), ("t5", "GC"): (12.5, 37.5), ("t5", "ZeRO-DP+GA"): (20, 43),
-    ("t5", "ZeRO-Offload"): (7.5, 14), ("t5", "TP+PP"): (18, 46.5),
-    ("gpt2", "ZeRO-DP+GA"): (7.5, 18), ("gpt2", "ZeRO-Offload"): (9.5, 22), ("gpt2", "TP+PP"): (15, 16.5),
-    ("llama7", "ZeRO-Offload"): (11, 11), ("llama7", "TP+PP"): (6.5, 12), ("llama7", "DP+TP+PP"): (20.5, 46),
+    ("vit", "DP"): (60, 86), ("vit", "GC"): (54.5, 86.5), ("vit", "ZeRO-DP+GA"): (52.5, 90),
+    ("vit", "ZeRO-Offload"): (19.5, 36.5),
+    ("roberta", "DP"): (10.5, 90), ("roberta", "GC"): (11, 19), ("roberta", "ZeRO-DP+GA"): (15.5, 96),
+    ("roberta", "ZeRO-Offload"): (7, 62),
+    ("bert", "DP"): (8.5, 13.5), ("bert", "GC"): (11, 30), ("bert", "ZeRO-DP+GA"): (16, 33.5),
+    ("bert", "ZeRO-Offload"): (7, 13),
+    ("t5", "DP"): (16.5, 41), ("t5", "GC"): (13.5, 39.5), ("t5", "ZeRO-DP+GA"): (21, 46),
+    ("t5", "ZeRO-Offload"): (6, 11.5), ("t5", "TP+PP"): (19, 49),
+    ("gpt2", "ZeRO-DP+GA"): (7.5, 18), ("gpt2", "ZeRO-Offload"): (6.5, 11), ("gpt2", "TP+PP"): (15, 17),
+    ("llama7", "ZeRO-Offload"): (9, 9), ("llama7", "DP+TP+PP"): (14.5, 30.5),
 }
 
 
