@@ -707,12 +707,16 @@ class RubickEngine:
         same_alloc = {n: (g, job.c_on.get(n, 0)) for n, g in job.g_on.items()} == \
             {n: gc for n, gc in job.inp.current.items() if gc[0] > 0}
         if cur is not None and same_alloc and plan != cur and not job.forced and job.inp.running:
-            old = self.book.oracle.evaluate(job.inp.kind.model, job.inp.kind.global_batch, best.placement, cpg, [cur])
-            t_old = float(old[0][0]) if len(old[0]) else math.inf
+            try:  # the current plan on the whole allocation (the best plan may leave GPUs unused)
+                old = self.book.oracle.evaluate(job.inp.kind.model, job.inp.kind.global_batch,
+                                                canonical(tuple(job.g_on.values())), cpg, [cur])
+                t_old = float(old[0][0]) if len(old[0]) else math.inf
+            except ConfigError:
+                t_old = math.inf
             gbs = job.inp.kind.global_batch
             if math.isfinite(t_old) and job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s:
-                plan, tput = cur, gbs / t_old
-                return self._outcome(job, plan, tput, best)
+                kept = Best(gbs / t_old, cur, canonical(tuple(job.g_on.values())))
+                return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)
 
     def _outcome(self, job: _Job, plan: Plan, tput: float, best: Best) -> Outcome:

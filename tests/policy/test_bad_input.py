@@ -157,3 +157,32 @@ def test_equal_share_never_starves_jobs_that_cannot_run_on_an_equal_split():
 def _tick(seq: int):
     from controlplane.events import ClockTick
     return ClockTick(seq=seq, period_s=60.0)
+
+
+def test_a_running_job_whose_best_plan_uses_fewer_gpus_keeps_its_plan_on_its_whole_allocation():
+    """T5 runs PP=2, TP=8 on two full nodes; by the table one node under ZeRO-DP is faster. With
+    five iterations left the change is not worth a restart: the job keeps its plan, and the plan it
+    keeps matches the GPUs it holds (the check once evaluated it on the one-node placement and failed)."""
+    from controlplane.events import Decision, JobStarted, MetricsIteration, NodeShare, PlanDecided
+    from .helpers import make, table_core
+
+    core = table_core("rubick", ["t5"])
+    c = Clock()
+    for n in ("n0", "n1"):
+        core.handle(c.ev("node.registered", node(n)))
+    plan = Plan(pp=2, tp=8, dp=1, micro_batches=1)
+    alloc = (NodeShare(node="n0", gpus=8, cpus=32, mem_gb=0.0), NodeShare(node="n1", gpus=8, cpus=32, mem_gb=0.0))
+    core.state.apply(c.ev("job.submitted", job("t", "t5", 64, plan, 16, 64, iters=1000)))
+    core.state.apply(make("plan.decided", PlanDecided(round=1, policy="rubick", decisions=(
+        Decision(job_id="t", allocation=alloc, plan=plan, predicted_throughput=1.0, reason="start", detail={}),)),
+        time=c.t, id="given-1", source="test"))
+    core.handle(c.ev("job.started", JobStarted(job_id="t", allocation=alloc, plan=plan)))
+    core.handle(c.ev("metrics.iteration", MetricsIteration(job_id="t", model_type="t5", iteration=995, iter_time_s=0.6,
+                                                           plan=plan, gpus_per_node=(8, 8), node="n0")))
+    out = core.handle(c.ev("node.registered", node("n2")))  # a round, with nothing to take its GPUs
+    check_round(core)
+    t = decisions(out).get("t")
+    if t is not None:
+        assert t.plan.dp * t.plan.tp * t.plan.pp == sum(s.gpus for s in t.allocation)
+    st = core.state.jobs["t"]
+    assert st.decided_plan == plan and sum(s.gpus for s in st.decided_allocation) == 16
