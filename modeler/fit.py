@@ -8,17 +8,18 @@ Under ZeRO-Offload only their sum is compared: DeepSpeed copies gradients to the
 backward, so where the offload traffic is recorded (backward or step) depends on the engine, not on
 the model. They pin down the optimizer terms that total times alone leave loose.
 Each parameter also carries a weak prior (a residual `PRIOR_WEIGHT * log(k / prior)`): where the
-points do not determine a parameter (k_sync when no point crosses nodes) it stays near its prior
-instead of drifting to a bound; where they do, the data outweighs it (weight 0.01 against 1 for a
-point's log error).
+points do not determine a parameter (k_sync when no point crosses nodes, k_pp when every point
+has the same number of stages) it stays near its prior instead of drifting to a bound; where they
+do, the data outweighs it (weight 0.01 against 1 for a point's log error).
 A soft-L1 loss keeps one bad measurement from dragging the fit, and the fit runs from several
 starting points and keeps the best, so a bad start does not decide the answer.
 
 Requirements (the paper's): at least `MIN_POINTS` measured points, where a breakdown part counts
 as a measurement of its own; and, when ZeRO-Offload is to be predicted, at least
 `MIN_OFFLOAD_POINTS` of them under ZeRO-Offload (counted the same way). With no offload point at all the three
-offload parameters are left at their defaults and marked unfitted; k_3d is fitted only where a
-point has tp * pp > 1. Pure code: no I/O.
+offload parameters are left at their defaults and marked unfitted. The engine parameters are fitted
+only where a point informs them: k_3d where a point has tp * pp > 1, k_tp where tp > 1, k_pp where
+pp > 1. Pure code: no I/O.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from scipy.optimize import least_squares
 from .configs import ConfigBatch
 from .env import Environment
 from .memory import resolve_ga
-from .perf_model import ENGINE_PARAMS, OFFLOAD_PARAMS, PARAM_NAMES, PerfParams, parts
+from .perf_model import ENGINE_PARAMS, OFFLOAD_PARAMS, PARAM_NAMES, PP_PARAMS, TP_PARAMS, PerfParams, parts
 from .spec import ModelType
 
 MIN_POINTS = 7
@@ -48,13 +49,15 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "k_swap": (1.0, 50.0),
     "k_const": (1e-5, 100.0),   # s
     "k_3d": (0.2, 10.0),
+    "k_tp": (0.1, 100.0),
+    "k_pp": (1e-4, 1.0),        # s per pipeline step
 }
 PRIORS: dict[str, float] = {
     # backward twice the forward; no overlap (k = 1) of gradient sync and offload traffic, which is
     # what the fitting points that cross nodes show (gpt2 GC on 4 nodes, the LLaMA 3D plans fit
     # k_sync 1.0-1.07); the others typical of the fits on the artifact's points; the engine's neutral
     "k_bwd": 2.0, "k_sync": 1.0, "k_opt": 0.1, "k_opt_off": 5.0, "k_off": 1.0, "k_swap": 1.0, "k_const": 0.05,
-    "k_3d": 1.0,
+    "k_3d": 1.0, "k_tp": 1.0, "k_pp": 0.01,
 }
 PRIOR_WEIGHT = 0.01
 """Weight of a parameter's log distance from its prior, relative to a point's log error."""
@@ -137,8 +140,10 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
     search the whole space again."""
     _, n_off = check_points(model, pts, need_offload=need_offload)
     batch = resolve_ga(model, env, pts.batch)
-    n_3d = int((pts.batch.tp * pts.batch.pp > 1).sum())
-    names = [k for k in PARAM_NAMES if (n_off or k not in OFFLOAD_PARAMS) and (n_3d or k not in ENGINE_PARAMS)]
+    informs = {"3d": bool((batch.tp * batch.pp > 1).any()), "tp": bool((batch.tp > 1).any()),
+               "pp": bool((batch.pp > 1).any())}
+    names = [k for k in PARAM_NAMES if (n_off or k not in OFFLOAD_PARAMS) and (informs["3d"] or k not in ENGINE_PARAMS)
+             and (informs["tp"] or k not in TP_PARAMS) and (informs["pp"] or k not in PP_PARAMS)]
     base = initial or PerfParams()
     n = len(pts.batch)
     meas = np.log(pts.iter_time_s)

@@ -13,6 +13,7 @@
   shared by the t tensor-parallel ranks of a node; `Environment.b_inter_rails`).
   V_dp = P * 2(d-1) / (d t p),  V_tp = 8 (t-1) b s h l / (d t),  V_pp = 2 p b s h / (d t)
   (each 0 when its degree is 1), in elements of 2 bytes (16-bit gradients and activations).
+  T_tp is scaled by k_tp, and each of the m + p - 1 pipeline steps adds k_pp seconds.
 - DP synchronisation: plain DP all-reduces the gradients during the backward (T_sync = T_dp).
   ZeRO stages 1-2 reduce-scatter them during the backward (half the volume) and all-gather the
   updated 16-bit parameters after the optimizer step (the other half, T_ag, on the critical path);
@@ -29,9 +30,9 @@
   that does not shrink with more GPUs; else T_opt + T_ag.
 - f_overlap^k(x, y) = (x^k + y^k)^(1/k): x + y at k = 1, towards max(x, y) as k grows.
 
-Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap, k_3d are pure numbers; k_opt is
-nanoseconds per parameter on one GPU; k_opt_off is nanoseconds per parameter on one CPU thread;
-k_const is seconds. Pure code: no I/O.
+Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap, k_3d, k_tp are pure numbers; k_opt
+is nanoseconds per parameter on one GPU; k_opt_off is nanoseconds per parameter on one CPU
+thread; k_const and k_pp are seconds. Pure code: no I/O.
 """
 
 from __future__ import annotations
@@ -44,13 +45,18 @@ from .configs import ConfigBatch
 from .env import Environment
 from .spec import ModelType
 
-PARAM_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const", "k_3d")
+PARAM_NAMES = ("k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off", "k_swap", "k_const", "k_3d", "k_tp", "k_pp")
 APPENDIX_PARAMS = PARAM_NAMES[:7]
-"""The seven parameters of the appendix; `k_3d` is this implementation's extension (see below)."""
+"""The seven parameters of the appendix; `k_3d`, `k_tp` and `k_pp` are this implementation's
+extensions for the tensor/pipeline engine (docs/modeler.md, "Extensions")."""
 OFFLOAD_PARAMS = ("k_opt_off", "k_off", "k_swap")
 ENGINE_PARAMS = ("k_3d",)
 """Fitted only when a point runs on the tensor/pipeline-parallel engine (tp * pp > 1)."""
-OPTIONAL_PARAMS = {"k_3d": 1.0}
+TP_PARAMS = ("k_tp",)
+"""Fitted only when a point uses tensor parallelism (tp > 1)."""
+PP_PARAMS = ("k_pp",)
+"""Fitted only when a point uses pipeline parallelism (pp > 1)."""
+OPTIONAL_PARAMS = {"k_3d": 1.0, "k_tp": 1.0, "k_pp": 0.0}
 """Parameters a parameter file may leave out (files written before they existed): their neutral value."""
 GRAD_BYTES = 2.0
 """Bytes per element of gradients and activations on the wire (16-bit mixed precision)."""
@@ -61,7 +67,7 @@ NS = 1e-9
 
 @dataclass(frozen=True)
 class PerfParams:
-    """The seven fittable parameters (units in the module docstring)."""
+    """The fittable parameters (units in the module docstring); the last three are neutral by default."""
 
     k_bwd: float = 2.0
     k_sync: float = 2.0
@@ -71,6 +77,8 @@ class PerfParams:
     k_swap: float = 2.0
     k_const: float = 0.01
     k_3d: float = 1.0
+    k_tp: float = 1.0
+    k_pp: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -148,8 +156,9 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     # over the same NICs
     b_inter = env.b_inter_rails(batch.min_node_gpus) / t
     t_comm_dp = v_dp / np.where(batch.dp_inter, b_inter, env.b_intra)
-    t_comm_tp = v_tp / np.where(batch.tp_inter, b_inter, env.b_intra)
-    t_comm_pp = v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
+    t_comm_tp = params.k_tp * (v_tp / np.where(batch.tp_inter, b_inter, env.b_intra))
+    t_comm_pp = (v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
+                 + np.where(p > 1, params.k_pp * (m + p - 1.0), 0.0))
 
     # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
     # backward and parameter all-gather after the step; under offload all of it inside T_oo

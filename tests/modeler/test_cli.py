@@ -24,7 +24,7 @@ def test_fit_then_predict(tmp_path, capsys):
     assert code == 0, err
     doc = json.loads(params.read_text())
     assert doc["model"] == "gpt2" and set(doc["params"]) == {"k_bwd", "k_sync", "k_opt", "k_opt_off", "k_off",
-                                                              "k_swap", "k_const", "k_3d"}
+                                                              "k_swap", "k_const", "k_3d", "k_tp", "k_pp"}
     assert "RMSLE" in out
     pred = tmp_path / "pred.csv"
     code, out, err = run(capsys, "model", "predict", "--spec", str(MODELS / "gpt2.yaml"), "--params", str(params),

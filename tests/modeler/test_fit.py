@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -107,10 +108,29 @@ def test_fit_is_deterministic(models, env):
 
 
 def test_what_the_points_do_not_inform_stays_at_its_prior(models, env):
-    # every point inside one node and none under TP or PP: k_3d is not fitted, and the weak priors
-    # keep the fit exact
+    # every point inside one node: nothing tells how the inter-node sync overlaps the backward, and
+    # no point uses TP or PP
+    from modeler.fit import PRIORS
+
     model = models["bert"]
     cfgs = [c for c in configs(4) if len(c.gpus_per_node) == 1]
     res = fit(model, env, measured(model, env, cfgs))
-    assert "k_3d" not in res.fitted and res.params.k_3d == 1.0
+    assert not {"k_3d", "k_tp", "k_pp"} & set(res.fitted)
+    assert (res.params.k_3d, res.params.k_tp, res.params.k_pp) == (1.0, 1.0, 0.0)
     assert res.rmsle < 0.01
+
+
+def test_engine_parameters_are_recovered(models, env):
+    model = models["t5"]
+    true = replace(TRUE, k_3d=2.5, k_tp=4.0, k_pp=0.04)
+    plans = [((1,), Plan()), ((2,), Plan(dp=2)), ((4,), Plan(dp=4)), ((8,), Plan(dp=8)), ((4, 4), Plan(dp=8)),
+             ((4,), Plan(tp=4)), ((2, 2, 2, 2), Plan(tp=2, pp=4)), ((1, 1, 1, 1), Plan(pp=4)),
+             ((8,) * 4, Plan(tp=8, pp=4))]
+    cfgs = [Config(plan=p, gpus_per_node=g, cpus_per_gpu=4, global_batch_size=32) for g, p in plans]
+    res = fit(model, env, measured(model, env, cfgs, true))
+    assert {"k_3d", "k_tp", "k_pp"} <= set(res.fitted) and res.rmsle < 2e-3
+    assert np.isclose(res.params.k_pp, 0.04, rtol=0.1) and np.isclose(res.params.k_tp, 4.0, rtol=0.2)
+    unseen = ConfigBatch.from_configs([Config(plan=p, gpus_per_node=g, cpus_per_gpu=4, global_batch_size=32)
+                                       for g, p in [((8, 8), Plan(tp=8, pp=2)), ((4,) * 8, Plan(tp=4, pp=8)),
+                                                    ((2, 2), Plan(tp=2, pp=2))]])
+    assert np.allclose(t_iter(model, env, res.params, unseen), t_iter(model, env, true, unseen), rtol=0.02)

@@ -162,6 +162,27 @@ def test_offload_host_time_is_the_same_on_any_gpus(models, env):
                                                               batch(*plain)))
 
 
+def test_engine_parameters_scale_tp_and_add_per_pipeline_step(models, env):
+    m = models["t5"]
+    cfgs = [cfg(gpn=(8,), tp=8), cfg(gpn=(4, 4), tp=4, pp=2), cfg(gpn=(2, 2, 2, 2), tp=2, pp=4, micro_batches=2)]
+    base = parts(m, env, PerfParams(), batch(*cfgs))
+    tuned = parts(m, env, PerfParams(k_tp=3.0, k_pp=0.05), batch(*cfgs))
+    assert np.allclose(tuned.t_comm_tp, 3.0 * base.t_comm_tp)
+    steps = np.array([0.0, 1 + 2 - 1, 2 + 4 - 1])  # m + p - 1 pipeline steps; none without PP
+    assert np.allclose(tuned.t_comm_pp - base.t_comm_pp, 0.05 * steps)
+
+
+def test_parameter_files_without_the_engine_parameters_load_neutral(models, env):
+    seven = {"k_bwd": 2.0, "k_sync": 1.2, "k_opt": 0.09, "k_opt_off": 6.0, "k_off": 1.5, "k_swap": 1.5,
+             "k_const": 0.06}
+    old = PerfParams.from_dict(seven)
+    assert (old.k_3d, old.k_tp, old.k_pp) == (1.0, 1.0, 0.0)
+    assert PerfParams.from_dict({**seven, "k_3d": 1.3}).k_3d == 1.3
+    m = models["llama7"]
+    b = batch(cfg(gpn=(8, 8), dp=2, tp=4, pp=2))
+    assert np.allclose(t_iter(m, env, old, b), t_iter(m, env, PerfParams(**seven, k_3d=1.0, k_tp=1.0, k_pp=0.0), b))
+
+
 def test_environment_files_without_the_offload_host_time_load(tmp_path):
     from modeler.env import load_env
     from tests.modeler.conftest import ENV_FILE

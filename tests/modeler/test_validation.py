@@ -14,7 +14,7 @@ import pytest
 from modeler.validate import format_report, validate
 from tests.modeler.conftest import DATA, KEYS, MODELS
 
-REACHED = {("gpt2", "DP"), ("gpt2", "GC"), ("llama7", "TP+PP"), ("llama30", "TP+PP"), ("llama30", "DP+TP+PP")}
+REACHED = {("gpt2", "DP"), ("gpt2", "GC"), ("gpt2", "TP+PP"), ("llama30", "DP+TP+PP")}
 BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     # (model, plan) -> (average %, maximum %) not to exceed; measured figures plus about 1 point
     ("vit", "DP"): (60, 86), ("vit", "GC"): (54.5, 86.5), ("vit", "ZeRO-DP+GA"): (52.5, 90),
@@ -23,10 +23,11 @@ BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("roberta", "ZeRO-Offload"): (7, 62),
     ("bert", "DP"): (8.5, 13.5), ("bert", "GC"): (11, 30), ("bert", "ZeRO-DP+GA"): (16, 33.5),
     ("bert", "ZeRO-Offload"): (7, 13),
-    ("t5", "DP"): (16.5, 41), ("t5", "GC"): (13.5, 39.5), ("t5", "ZeRO-DP+GA"): (21, 46),
-    ("t5", "ZeRO-Offload"): (6, 11.5), ("t5", "TP+PP"): (19, 49),
-    ("gpt2", "ZeRO-DP+GA"): (7.5, 18), ("gpt2", "ZeRO-Offload"): (6.5, 11), ("gpt2", "TP+PP"): (15, 17),
-    ("llama7", "ZeRO-Offload"): (9, 9), ("llama7", "DP+TP+PP"): (14.5, 30.5),
+    ("t5", "DP"): (17, 41), ("t5", "GC"): (13.5, 40), ("t5", "ZeRO-DP+GA"): (21, 46),
+    ("t5", "ZeRO-Offload"): (6.5, 11.5), ("t5", "TP+PP"): (7.5, 21.5),
+    ("gpt2", "ZeRO-DP+GA"): (8, 20.5), ("gpt2", "ZeRO-Offload"): (7, 12.5),
+    ("llama7", "ZeRO-Offload"): (9, 9), ("llama7", "TP+PP"): (7.5, 17), ("llama7", "DP+TP+PP"): (10, 21),
+    ("llama30", "TP+PP"): (10.5, 10.5),
 }
 
 
