@@ -14,20 +14,20 @@ import pytest
 from modeler.validate import format_report, validate
 from tests.modeler.conftest import DATA, KEYS, MODELS
 
-REACHED = {("gpt2", "DP"), ("gpt2", "GC"), ("gpt2", "TP+PP"), ("llama30", "DP+TP+PP")}
+REACHED = {("bert", "DP"), ("bert", "ZeRO-Offload"), ("t5", "ZeRO-Offload"), ("gpt2", "DP"), ("gpt2", "GC"),
+           ("gpt2", "ZeRO-Offload"), ("gpt2", "TP+PP"), ("llama7", "TP+PP"), ("llama7", "DP+TP+PP"),
+           ("llama30", "TP+PP"), ("llama30", "DP+TP+PP")}
 BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     # (model, plan) -> (average %, maximum %) not to exceed; measured figures plus about 1 point
-    ("vit", "DP"): (60, 86), ("vit", "GC"): (54.5, 86.5), ("vit", "ZeRO-DP+GA"): (52.5, 90),
-    ("vit", "ZeRO-Offload"): (19.5, 36.5),
-    ("roberta", "DP"): (10.5, 90), ("roberta", "GC"): (11, 19), ("roberta", "ZeRO-DP+GA"): (15.5, 96),
-    ("roberta", "ZeRO-Offload"): (7, 62),
-    ("bert", "DP"): (8.5, 13.5), ("bert", "GC"): (11, 30), ("bert", "ZeRO-DP+GA"): (16, 33.5),
-    ("bert", "ZeRO-Offload"): (7, 13),
-    ("t5", "DP"): (17, 41), ("t5", "GC"): (13.5, 40), ("t5", "ZeRO-DP+GA"): (21, 46),
-    ("t5", "ZeRO-Offload"): (6.5, 11.5), ("t5", "TP+PP"): (7.5, 21.5),
-    ("gpt2", "ZeRO-DP+GA"): (8, 20.5), ("gpt2", "ZeRO-Offload"): (7, 12.5),
-    ("llama7", "ZeRO-Offload"): (9, 9), ("llama7", "TP+PP"): (7.5, 17), ("llama7", "DP+TP+PP"): (10, 21),
-    ("llama30", "TP+PP"): (10.5, 10.5),
+    ("vit", "DP"): (58.5, 85.5), ("vit", "GC"): (53.5, 86), ("vit", "ZeRO-DP+GA"): (50, 89.5),
+    ("vit", "ZeRO-Offload"): (16, 34),
+    ("roberta", "DP"): (17, 90), ("roberta", "GC"): (16, 26.5), ("roberta", "ZeRO-DP+GA"): (10, 96),
+    ("roberta", "ZeRO-Offload"): (6.5, 62),
+    ("bert", "GC"): (6.5, 24), ("bert", "ZeRO-DP+GA"): (10.5, 26),
+    ("t5", "DP"): (12, 35.5), ("t5", "GC"): (10.5, 35), ("t5", "ZeRO-DP+GA"): (14.5, 40),
+    ("t5", "TP+PP"): (8, 22),
+    ("gpt2", "ZeRO-DP+GA"): (5, 12.5),
+    ("llama7", "ZeRO-Offload"): (8.5, 8.5),
 }
 
 
@@ -46,7 +46,7 @@ def test_every_model_is_fitted_and_validated(results):
 
 def test_fit_points_are_reproduced(results):
     for r in results:
-        assert r.fit.rmsle < 0.4, (r.model, r.fit.rmsle)
+        assert r.fit.rmsle < 0.15, (r.model, r.fit.rmsle)
 
 
 def test_cells_that_reach_the_targets(results, capsys):
