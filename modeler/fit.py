@@ -199,7 +199,7 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
     for start in starts:
         x0 = np.clip(np.log([start.get(k, getattr(PerfParams(), k) or PRIORS[k]) for k in names]), lo + 1e-9, hi - 1e-9)
         res = least_squares(residuals, x0, jac=jacobian, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
-                            method="trf", xtol=1e-8, ftol=1e-8, max_nfev=200)
+                            method="trf", xtol=1e-6, ftol=1e-6, max_nfev=200)
         if best is None or res.cost < best.cost:
             best = res
     params = params_of(best.x)
