@@ -277,10 +277,11 @@ class ModelUpdated:
     model_type: str = ident("model type", "gpt2")
     version: int = spec("increases by one with every refit of this type", ge=1, example=3)
     params: dict[str, float] = spec("fitted performance-model parameters: the seven of the paper (k_bwd, "
-                                    "k_sync, k_opt, k_opt_off, k_off, k_swap, k_const) and k_3d; units in "
-                                    "docs/modeler.md",
+                                    "k_sync, k_opt, k_opt_off, k_off, k_swap, k_const) and the extensions "
+                                    "k_3d, k_tp, k_pp; units in docs/modeler.md",
                                     example={"k_bwd": 2.0, "k_sync": 1.5, "k_opt": 0.9, "k_opt_off": 3.1,
-                                             "k_off": 1.2, "k_swap": 1.1, "k_const": 0.005, "k_3d": 1.0})
+                                             "k_off": 1.2, "k_swap": 1.1, "k_const": 0.005, "k_3d": 1.0,
+                                             "k_tp": 1.0, "k_pp": 0.0})
     n_points: int = spec("measured points the fit used", ge=0, example=12)
     rmsle: float = spec("root mean squared log error of the fit on those points", ge=0, example=0.031)
     reason: str = spec("why it was refitted", default="", example="rolling error 12% > 10%")
