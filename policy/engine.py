@@ -316,7 +316,7 @@ class RubickEngine:
                 self.on_node[node].add(job.id)
                 self.placed[job.id] = job
             if job.g:
-                job.best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), self._cpg_of(job))
+                job.best = self._best_on(job, tuple(job.g_on.values()), self._cpg_of(job))
 
     def _privileged(self) -> None:
         """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
@@ -578,7 +578,7 @@ class RubickEngine:
         """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
         and memory (AllocMem). False when no plan fits or the guarantee is not met."""
         cpg = self._cpg_of(job) if job.c_on else job.cpg
-        best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), max(cpg, job.cpg))
+        best = self._best_on(job, tuple(job.g_on.values()), max(cpg, job.cpg))
         if best.plan is None:
             return False
         if job.privileged and not self._meets(job, self._guarded(job, best)):
@@ -597,6 +597,13 @@ class RubickEngine:
             return False
         jr.set(job.__dict__, "best", best)
         return True
+
+    def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
+        """The best plan for an allocation: on it or on what is left after giving back GPUs on its
+        smallest nodes; with fixed resources (the job gets exactly its request) on all of it."""
+        if self.fixed_resources:
+            return self.book.best(job.inp.kind, placement, cpus_per_gpu)
+        return self.book.best_within(job.inp.kind, placement, cpus_per_gpu)
 
     def _trim(self, jr: _Journal, job: _Job, placement: tuple[int, ...]) -> None:
         nodes = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
@@ -697,7 +704,7 @@ class RubickEngine:
                 reason = "preempted"
             return Outcome(job.id, {}, None, 0.0, reason, job.detail)
         cpg = self._cpg_of(job)
-        best = self.book.best_within(job.inp.kind, tuple(job.g_on.values()), cpg)
+        best = self._best_on(job, tuple(job.g_on.values()), cpg)
         if job.privileged:
             best = self._guarded(job, best)
         if best.plan is None:

@@ -186,3 +186,20 @@ def test_a_running_job_whose_best_plan_uses_fewer_gpus_keeps_its_plan_on_its_who
         assert t.plan.dp * t.plan.tp * t.plan.pp == sum(s.gpus for s in t.allocation)
     st = core.state.jobs["t"]
     assert st.decided_plan == plan and sum(s.gpus for s in st.decided_allocation) == 16
+
+
+def test_fixed_resources_run_on_the_whole_request_even_when_fewer_gpus_would_be_faster():
+    """rubick-e gives a job exactly its request. T5 asks for 16 GPUs (PP=2, TP=8); by the table it
+    would be faster on one node, which the job may not shrink to: it must still start, on all 16
+    (it once waited forever)."""
+    from .helpers import table_core
+
+    core = table_core("rubick-e", ["t5"])
+    c = Clock()
+    for n in ("n0", "n1"):
+        core.handle(c.ev("node.registered", node(n)))
+    out = core.handle(c.ev("job.submitted", job("t", "t5", 64, Plan(pp=2, tp=8, dp=1, micro_batches=1), 16, 64)))
+    check_round(core)
+    d = decisions(out)["t"]
+    assert sum(s.gpus for s in d.allocation) == 16
+    assert d.plan.dp * d.plan.tp * d.plan.pp == 16
