@@ -470,21 +470,18 @@ class RubickEngine:
         return best
 
     def _keeps_guarantee(self, v: _Job, node: str) -> bool:
+        """Whether a guaranteed job still meets its guarantee with one GPU less on `node`."""
         place = tuple(g - (1 if n == node else 0) for n, g in v.g_on.items())
         key = (v.id, place, self._cpg_of(v))
         hit = self._guarantee_memo.get(key)
         if hit is None:
-            hit = self._guarantee_memo[key] = self._guaranteed_after(v, self.book.best_within(v.inp.kind, place,
-                                                                                              key[2]).throughput)
+            best = self._guarded(v, self.book.best_within(v.inp.kind, place, key[2]))
+            hit = self._guarantee_memo[key] = self._meets(v, best) and self._in_time(v, best.throughput)
         return hit
 
-    def _guaranteed_after(self, v: _Job, throughput: float) -> bool:
-        """Whether a guaranteed job shrunk to `throughput` still meets its guarantee: at least its
-        reference (by the margin), and, when the change restarts it, a restart followed by the rest
-        of its work at `throughput` still ends before its deadline: the time its whole work takes
-        at the reference, counted from its submission."""
-        if throughput < v.ref * (1 + self.guarantee_margin):
-            return False
+    def _in_time(self, v: _Job, throughput: float) -> bool:
+        """Whether a running guaranteed job restarted now, then running at `throughput`, still ends
+        before its deadline: the time its whole work takes at the reference, from its submission."""
         inp = v.inp
         if not inp.running or not math.isfinite(inp.remaining_iters) or not math.isfinite(inp.target_iters):
             return True
