@@ -31,6 +31,7 @@ from typing import Sequence
 from controlplane import metrics
 from controlplane.bus.base import Bus, Delivery
 from controlplane.events import Event, Invalid, NodeRegistered, decode, encode, make
+from controlplane.service import publish_events
 
 from .simulated import SimulatedAgents
 
@@ -131,9 +132,7 @@ class SimAgentsShell:
         await d.ack()
 
     async def publish(self, events: list[Event]) -> None:
-        for e in events:
-            await self.bus.publish(e.subject, encode(e), e.id)
-            metrics.MESSAGES_OUT.labels(self.name, metrics.subject_label(e.subject)).inc()
+        await publish_events(self.bus, self.name, events)
 
 
 async def run_sim_ticker(bus: Bus, clock: SimClock, period_s: float, stop: asyncio.Event) -> None:

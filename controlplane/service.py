@@ -125,6 +125,11 @@ class ServiceShell:
         await d.ack()
 
     async def publish(self, events: list[Event]) -> None:
-        for e in events:
-            await self.bus.publish(e.subject, encode(e), e.id)
-            metrics.MESSAGES_OUT.labels(self.name, metrics.subject_label(e.subject)).inc()
+        await publish_events(self.bus, self.name, events)
+
+
+async def publish_events(bus: Bus, name: str, events: list[Event]) -> None:
+    """Publish a core's answers in order, each with its id as the dedupe id, counted per subject."""
+    for e in events:
+        await bus.publish(e.subject, encode(e), e.id)
+        metrics.MESSAGES_OUT.labels(name, metrics.subject_label(e.subject)).inc()
