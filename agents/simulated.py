@@ -21,7 +21,8 @@ What a decision does to a job (the policy's contract):
 - the target iterations reached: `job.completed`.
 
 While a job runs it reports `metrics.iteration` one iteration after every (re)start and then every
-`sample_every_s` seconds (with optional log-normal noise from a seeded generator).
+`sample_every_s` seconds (with optional log-normal noise from a seeded generator); a run that ends
+within its first iteration reports that iteration as it ends, just before `job.completed`.
 
 Time: `handle(event)` answers at `event.time`; the agents' own timers (completions, restarts done,
 samples) are driven by the simulator's virtual clock through `due()` and `fire(now)`. No I/O, no
@@ -271,8 +272,11 @@ class SimulatedAgents:
         self._phase(job, "running")
         job.anchor = now
         end = now + (job.target - job.done) * job.iter_s
-        self._timer(end, job, "done")
         job.next_sample = now + job.iter_s
+        if job.next_sample >= end:  # it ends within its first iteration: that iteration is reported as it ends
+            job.next_sample = end
+            self._timer(end, job, "sample")
+        self._timer(end, job, "done")
         if job.next_sample < end:
             self._timer(job.next_sample, job, "sample")
 

@@ -142,3 +142,14 @@ def test_a_lost_node_preempts_the_jobs_on_it(parts):
     from controlplane.events import NodeLost
     [pre] = agents.handle(ev("node.lost", NodeLost("n0", "gone"), 10.0))
     assert pre.subject == "job.preempted" and "n0 lost" in pre.payload.reason and agents.holding == {}
+
+
+def test_a_run_shorter_than_one_iteration_reports_that_iteration_before_it_completes(parts):
+    agents = setup(parts, target=1)
+    agents.handle(decide(5.0, "bert-1", ALLOC4, ZERO4))
+    t_iter = parts.table.iter_time("bert", ZERO4, (4,))
+    out = drain(agents)
+    assert [e.subject for e in out] == ["metrics.iteration", "job.completed"]
+    sample, done = out
+    assert sample.time == done.time == pytest.approx(5.0 + t_iter)
+    assert sample.payload.iteration == 0 and sample.payload.iter_time_s == t_iter
