@@ -236,14 +236,14 @@ class RubickEngine:
         for g in range(1, inp.requested_gpus):
             place = packed(g, self.book.node_gpus)
             for c in range(1, cpg + 1):
-                if self.book.best(inp.kind, place, c).throughput >= ref * (1 + self.guarantee_margin):
+                if self.book.best(inp.kind, place, c).throughput >= ref * (1 + self._margin(inp.kind)):
                     return g, g * c
         return inp.requested_gpus, inp.requested_gpus * cpg
 
     def _guarded(self, job: _Job, best: Best) -> Best:
         """The plan a guaranteed job runs on `best.placement`: the predicted best when it beats the
         reference by the margin, else its own plan where the placement is its request's."""
-        if best.plan is None or best.throughput >= job.ref * (1 + self.guarantee_margin):
+        if best.plan is None or best.throughput >= job.ref * (1 + self._margin(job.inp.kind)):
             return best
         if job.request is not None and best.placement == job.request.placement:
             return job.request
@@ -253,11 +253,18 @@ class RubickEngine:
         """Whether `best` (already guarded) keeps the guarantee."""
         if best is None or best.plan is None:
             return False
-        return best is job.request or best.throughput >= job.ref * (1 + self.guarantee_margin)
+        return best is job.request or best.throughput >= job.ref * (1 + self._margin(job.inp.kind))
+
+    def _margin(self, kind: JobKind) -> float:
+        """The predicted gain a guaranteed job needs to leave its request: `guarantee_margin`, or the
+        most the oracle has seen this type's predictions overshoot the measured speed, if more."""
+        seen = getattr(self.book.oracle, "overshoot", None)
+        return max(self.guarantee_margin, seen.get(kind.model.name, 0.0)) if seen else self.guarantee_margin
 
     def _prepare(self, inp: JobIn) -> _Job:
         guaranteed = inp.guaranteed and not self.fixed_resources
-        key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed)
+        key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed,
+               self._margin(inp.kind) if guaranteed else 0.0)
         cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = self.book.memo(
             inp.kind, key, lambda: self._demand(inp, guaranteed))
         return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
@@ -344,13 +351,19 @@ class RubickEngine:
             released = _Journal()
             if job.g:
                 self._release(released, job)
-            if self._schedule_job(job):
+            placed = self._schedule_job(job)
+            if not placed and job.want_g > max(1, job.min_g):  # what it wants misses the guarantee: its minimum
+                want, job.want_g = job.want_g, max(1, job.min_g)
+                placed = self._schedule_job(job)
+                job.want_g = want
+            if placed:
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 job.reason = "guarantee"
                 job.forced = bool(released.ops)
             else:
                 self._undo(released, [job])
                 job.privileged = False
+                job.detail = {"guarantee": "no placement meets it this round"}
                 self._best_effort(job)
         for job in self.jobs.values():
             if job.inp.guaranteed and not job.privileged:
@@ -417,9 +430,12 @@ class RubickEngine:
         may shrink (a lower slope than its own, or any over its minimum while it is under its own)."""
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
         seen = set(mine)
+        under = job.g < job.min_g
+        if under:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable
+            avail = {n: self._available(n, job) for n in self.order if n not in seen}
+            return mine + sorted((n for n, a in avail.items() if a > 0), key=lambda n: (-avail[n], -self.free_g[n], n))
         order = mine + [n for n in self._free_nodes() if n not in seen]
         seen.update(order)
-        under = job.g < job.min_g
         up = job.up()
         if under or up > self.min_down + EPS:
             shrinkable = set()
@@ -430,6 +446,16 @@ class RubickEngine:
                     shrinkable.update(self.jobs[vid].g_on)
             order += sorted(shrinkable - seen)
         return order
+
+    def _available(self, node: str, job: _Job) -> int:
+        """GPUs `job` could get on `node` while under its minimum: the free ones and those the jobs
+        there hold over their own minimum."""
+        out = self.free_g[node]
+        for vid in self.on_node[node]:
+            if vid != job.id and vid in self._dkey:
+                v = self.jobs[vid]
+                out += min(v.g_on.get(node, 0), v.g - v.min_g)
+        return out
 
     def _reindex(self, job: _Job) -> None:
         old = self._dkey.pop(job.id, None)
@@ -729,7 +755,7 @@ class RubickEngine:
         reason = job.reason or ("start" if not job.inp.current else "keep")
         detail = dict(job.detail)
         detail.setdefault("slope", f"{slope_down(job.curve, job.g):.4g}")
-        if job.inp.guaranteed and not job.privileged:
+        if job.inp.guaranteed and not job.privileged and "guarantee" not in detail:
             detail["quota"] = "exceeded" if self._quota(job) else "none"  # runs as best-effort
         detail["normalised"] = f"{tput / job.ref:.4g}" if job.ref > 0 else "0"
         return Outcome(job.id, shares, plan, tput, reason, detail)

@@ -7,7 +7,10 @@ and the plans with their GA steps filled in (the fewest that fit in GPU memory).
 
 - `ModelOracle`: the fitted performance model and memory estimator of `modeler/` (live default).
   `update(ModelUpdated)` takes new parameters and bumps the type's version, which invalidates the
-  policy's cached curves.
+  policy's cached curves. `observe(...)` compares the first measured iteration of each
+  configuration a job ran with its prediction and keeps, per type, the most a prediction has
+  overshot the measured speed (`overshoot`): the policy's guarantee margin for that type. The
+  predictions themselves are left as they are (docs/policy.md says what patching them cost).
 - `TableOracle`: measured iteration times (`modeler.table.MeasuredTable`); a configuration never
   measured is unknown (`inf`). The paper's checks (Fig. 7, Fig. 8) use it.
 
@@ -30,6 +33,8 @@ from modeler.memory import host_bytes, resolve_ga
 from modeler.perf_model import PerfParams, t_iter
 from modeler.spec import ModelType
 from modeler.table import MeasuredTable
+
+from .plans import canonical
 
 
 Item = tuple[tuple[int, ...], int, Plan]
@@ -95,9 +100,38 @@ class ModelOracle(_MemoryMixin):
 
     params: dict[str, PerfParams] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
+    overshoot: dict[str, float] = field(default_factory=dict)
+    """model type -> the most a configuration's first measured iteration ran longer than predicted
+    (0.5 = 50% longer), under whichever parameters were current: how far the type's predictions of
+    speed can be trusted (the policy's guarantee margin). It only grows."""
+    measured: set = field(default_factory=set)
+    """configurations compared so far: (type, global batch, placement, CPUs per GPU or None, plan)."""
 
     def version(self, model_type: str) -> int:
         return self.versions.get(model_type, 0)
+
+    def observe(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int | None,
+                plan: Plan, iter_time_s: float) -> bool:
+        """Compare the first measured iteration of a configuration with its prediction; True when
+        it ran slower than any configuration of its type before (`overshoot` grew)."""
+        if not (iter_time_s > 0 and math.isfinite(iter_time_s)) or (plan.offload and not cpus_per_gpu):
+            return False  # offload depends on the CPUs: without their count the prediction is unknown
+        key = (model.name, global_batch, canonical(placement), cpus_per_gpu if plan.offload else None, plan)
+        if key in self.measured:
+            return False
+        self.measured.add(key)
+        try:
+            times, plans = self.evaluate_many(model, global_batch, [(key[2], cpus_per_gpu or 1, plan)])
+        except ConfigError:
+            return False
+        predicted = float(times[0])
+        if plans[0] != plan or not (predicted > 0 and math.isfinite(predicted)):
+            return False
+        miss = iter_time_s / predicted - 1.0
+        if miss <= self.overshoot.get(model.name, 0.0):
+            return False
+        self.overshoot[model.name] = miss
+        return True
 
     def update(self, upd: ModelUpdated) -> None:
         self.params[upd.model_type] = PerfParams.from_dict(dict(upd.params))

@@ -90,6 +90,7 @@ class PolicyCore:
             m = event.payload
             p = self.progress.setdefault(m.job_id, Progress())
             p.iterations, p.at, p.iter_time_s = max(p.iterations, m.iteration + 1), event.time, m.iter_time_s
+            self._observe(m)
         elif base in ("job.started", "job.reconfigured"):
             p = self.progress.setdefault(event.payload.job_id, Progress())
             p.at = event.time
@@ -103,6 +104,16 @@ class PolicyCore:
         elif base in DIRTY:
             self.dirty = True
         return out
+
+    def _observe(self, m) -> None:
+        """A measured iteration tells the oracle how far its predictions for the type can be trusted
+        (`ModelOracle.observe`); the next tick's round uses it (a measurement marks the core dirty)."""
+        observe = getattr(self.oracle, "observe", None)
+        job = self.state.jobs.get(m.job_id)
+        model = self.model_of(job) if job is not None and job.model_type == m.model_type else None
+        if observe is None or model is None:
+            return
+        observe(model, job.global_batch_size, tuple(m.gpus_per_node), m.cpus_per_gpu, m.plan, m.iter_time_s)
 
     # --- what a job is to the engine ------------------------------------------------------------
     def model_of(self, job: JobState) -> ModelType | None:

@@ -49,7 +49,7 @@ def check_round(core) -> None:
         return
     for jid, outcome in core.last.items():
         j = core.state.jobs.get(jid)
-        if j is None or not j.guaranteed or not outcome.shares or "quota" in outcome.detail:
+        if j is None or not j.guaranteed or not outcome.shares or "quota" in outcome.detail or "guarantee" in outcome.detail:
             continue
         inp = core.job_in(j, core.state.time)
         ref, _ = core.engine.reference(inp)
