@@ -426,21 +426,21 @@ class RubickEngine:
         return self._free_list
 
     def _node_order(self, job: _Job) -> list[str]:
-        """Nodes to visit: the job's own, then those with free GPUs, then those holding a job it
-        may shrink (a lower slope than its own, or any over its minimum while it is under its own)."""
+        """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
+        lower slope than its own. Under its own minimum: its own, then every node by the GPUs it
+        could get there, most first."""
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
         seen = set(mine)
-        under = job.g < job.min_g
-        if under:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable
+        if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable
             avail = {n: self._available(n, job) for n in self.order if n not in seen}
             return mine + sorted((n for n, a in avail.items() if a > 0), key=lambda n: (-avail[n], -self.free_g[n], n))
         order = mine + [n for n in self._free_nodes() if n not in seen]
         seen.update(order)
         up = job.up()
-        if under or up > self.min_down + EPS:
+        if up > self.min_down + EPS:
             shrinkable = set()
             for slope, _, vid in self.by_down:
-                if not under and slope + EPS >= up:
+                if slope + EPS >= up:
                     break
                 if vid != job.id:
                     shrinkable.update(self.jobs[vid].g_on)
