@@ -73,6 +73,8 @@ class JobIn:
     target_iters: float = math.inf
     elapsed_s: float = 0.0
     """seconds since submission (a guaranteed job's deadline is its reference time from then)."""
+    changed_s: float = math.inf
+    """seconds since a decision last changed its allocation or plan (inf: never)."""
 
 
 @dataclass
@@ -154,6 +156,11 @@ class _Journal:
 _MISSING = object()
 
 
+def _covers(have: tuple[int, ...], need: tuple[int, ...]) -> bool:
+    """Whether placement `have` (GPUs per node, largest first) holds `need` node by node."""
+    return len(need) <= len(have) and all(n <= h for n, h in zip(need, have))
+
+
 @dataclass
 class RubickEngine:
     book: PlanBook
@@ -171,6 +178,12 @@ class RubickEngine:
     least this much over its reference: predictions are trusted only so far (the modeler refits a
     type whose rolling error passes 10%). On its own request it runs its own plan unless another
     beats it by the margin."""
+    hold_s: float | None = None
+    """A running job changed less than this long ago keeps its allocation against best-effort reasons
+    (its own growth, a best-effort job's start or growth); only a guarantee under its minimum may
+    take from it. Every change costs a restart, and without a floor a stream of short jobs restarts
+    a long one faster than it can run. None = twice `restart_cost_s`: at least half the time after
+    a change is spent running."""
 
     # ---------------------------------------------------------------------------------------
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
@@ -188,6 +201,10 @@ class RubickEngine:
         self._dkey: dict[str, tuple[float, int, str]] = {}
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
+        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold}
+        self.held_back = False
+        """whether holding a job changed this round's outcome (the round is worth running again later)"""
         for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
             self.jobs[inp.job_id] = self._prepare(inp)
         self._place_current()
@@ -240,12 +257,16 @@ class RubickEngine:
                     return g, g * c
         return inp.requested_gpus, inp.requested_gpus * cpg
 
-    def _guarded(self, job: _Job, best: Best) -> Best:
-        """The plan a guaranteed job runs on `best.placement`: the predicted best when it beats the
-        reference by the margin, else its own plan where the placement is its request's."""
+    def _guarded(self, job: _Job, best: Best, held: tuple[int, ...] | None = None) -> Best:
+        """The plan a guaranteed job runs: the predicted best (`best`, on `best.placement`, which may
+        give back some of the GPUs `held`) when it beats the reference by the margin, else its own
+        plan where what it holds covers its request's placement."""
         if best.plan is None or best.throughput >= job.ref * (1 + self._margin(job.inp.kind)):
             return best
-        if job.request is not None and best.placement == job.request.placement:
+        if job.request is None:
+            return best
+        if (best.placement == job.request.placement if held is None
+                else _covers(canonical(held), job.request.placement)):
             return job.request
         return best
 
@@ -431,9 +452,12 @@ class RubickEngine:
         could get there, most first."""
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
         seen = set(mine)
-        if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable
+        if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable,
+            # those no other guarantee holds first (a guarantee's GPUs over its minimum come from one pool,
+            # so counting them on every node it holds would scatter the job)
             avail = {n: self._available(n, job) for n in self.order if n not in seen}
-            return mine + sorted((n for n, a in avail.items() if a > 0), key=lambda n: (-avail[n], -self.free_g[n], n))
+            return mine + sorted((n for n, a in avail.items() if a[0] > 0),
+                                 key=lambda n: (-avail[n][0], -avail[n][1], -self.free_g[n], n))
         order = mine + [n for n in self._free_nodes() if n not in seen]
         seen.update(order)
         up = job.up()
@@ -447,15 +471,18 @@ class RubickEngine:
             order += sorted(shrinkable - seen)
         return order
 
-    def _available(self, node: str, job: _Job) -> int:
+    def _available(self, node: str, job: _Job) -> tuple[int, int]:
         """GPUs `job` could get on `node` while under its minimum: the free ones and those the jobs
-        there hold over their own minimum."""
-        out = self.free_g[node]
+        there hold over their own minimum; and how many of them are free or held by jobs without
+        a guarantee."""
+        out = soft = self.free_g[node]
         for vid in self.on_node[node]:
             if vid != job.id and vid in self._dkey:
                 v = self.jobs[vid]
-                out += min(v.g_on.get(node, 0), v.g - v.min_g)
-        return out
+                take = min(v.g_on.get(node, 0), v.g - v.min_g)
+                out += take
+                soft += 0 if v.privileged else take
+        return out, soft
 
     def _reindex(self, job: _Job) -> None:
         old = self._dkey.pop(job.id, None)
@@ -492,6 +519,9 @@ class RubickEngine:
                 continue
             if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
                 continue
+            if vid in self.held and job.g >= job.min_g:
+                self.held_back = True
+                continue  # changed a moment ago: only a guarantee under its minimum takes from it
             best, best_key = v, key
         return best
 
@@ -501,7 +531,7 @@ class RubickEngine:
         key = (v.id, place, self._cpg_of(v))
         hit = self._guarantee_memo.get(key)
         if hit is None:
-            best = self._guarded(v, self.book.best_within(v.inp.kind, place, key[2]))
+            best = self._guarded(v, self.book.best_within(v.inp.kind, place, key[2]), place)
             hit = self._guarantee_memo[key] = self._meets(v, best) and self._in_time(v, best.throughput)
         return hit
 
@@ -539,6 +569,10 @@ class RubickEngine:
     def _schedule_job(self, job: _Job) -> bool:
         if job.g >= job.want_g and job.g >= job.min_g:
             return job.g > 0
+        if job.g and job.g >= job.min_g and job.id in self.held:
+            if self._free_nodes() or job.up() > self.min_down + EPS:
+                self.held_back = True  # it could have grown
+            return True  # changed a moment ago: no growth before it has run a while
         if not job.g_on and job.g >= job.min_g and job.up() <= self.min_down + EPS and not self._free_nodes():
             return False
         jr = _Journal()
@@ -552,7 +586,8 @@ class RubickEngine:
         floor = self.min_down
         """the lowest slope any job may have: the index's (the slopes of when the attempt began),
         or that of a job shrunk since"""
-        need = lambda: job.want_g - job.g  # noqa: E731
+        target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
+        need = lambda: target - job.g  # noqa: E731
         for node in self._node_order(job):
             if need() <= 0:
                 break
@@ -604,8 +639,10 @@ class RubickEngine:
         best = self._best_on(job, tuple(job.g_on.values()), max(cpg, job.cpg))
         if best.plan is None:
             return False
-        if job.privileged and not self._meets(job, self._guarded(job, best)):
-            return False
+        if job.privileged:
+            best = self._guarded(job, best, tuple(job.g_on.values()))
+            if not self._meets(job, best):
+                return False
         self._trim(jr, job, best.placement)
         if not self._alloc_cpus(jr, job):
             return False
@@ -729,7 +766,7 @@ class RubickEngine:
         cpg = self._cpg_of(job)
         best = self._best_on(job, tuple(job.g_on.values()), cpg)
         if job.privileged:
-            best = self._guarded(job, best)
+            best = self._guarded(job, best, tuple(job.g_on.values()))
         if best.plan is None:
             return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"})
         plan = best.plan
@@ -744,7 +781,10 @@ class RubickEngine:
             except ConfigError:
                 t_old = math.inf
             gbs = job.inp.kind.global_batch
-            if math.isfinite(t_old) and job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s:
+            if math.isfinite(t_old) and job.id in self.held:
+                self.held_back = True
+            if math.isfinite(t_old) and (job.id in self.held or
+                                         job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s):
                 kept = Best(gbs / t_old, cur, canonical(tuple(job.g_on.values())))
                 return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)

@@ -43,15 +43,24 @@ def _exact(model: ModelType, gbs: int, plan: Plan) -> JobKind:
 
 def make_policy(name: str, *, oracle: Oracle, models: Mapping[str, ModelType], restart_cost_s: float = 78.0,
                 quotas: Mapping[str, int] | None = None, node_gpus: int = 8, max_job_gpus: int = 64,
-                max_cpus_per_gpu: int = 12) -> PolicyCore:
-    """The core of policy `name` (one of `POLICIES`); unknown names raise ValueError."""
+                max_cpus_per_gpu: int = 12, batch_s: float = 60.0, hold_s: float | None = None) -> PolicyCore:
+    """The core of policy `name` (one of `POLICIES`); unknown names raise ValueError. `batch_s`: how
+    long a best-effort submission may wait for the next round on a full cluster (`PolicyCore`);
+    `hold_s`: how long a job just changed keeps its allocation against best-effort reasons
+    (`RubickEngine.hold_s`; None = twice the restart cost)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}: choose one of {', '.join(POLICIES)}")
     if restart_cost_s < 0 or restart_cost_s != restart_cost_s:
         raise ValueError(f"restart cost must be a number of seconds >= 0, got {restart_cost_s!r}")
+    if not batch_s >= 0:
+        raise ValueError(f"batch window must be a number of seconds >= 0, got {batch_s!r}")
+    if hold_s is not None and not hold_s >= 0:
+        raise ValueError(f"hold must be a number of seconds >= 0, got {hold_s!r}")
     book = PlanBook(oracle, node_gpus=node_gpus, max_gpus=max_job_gpus, max_cpus_per_gpu=max_cpus_per_gpu)
     q = None if quotas is None else {str(k): int(v) for k, v in quotas.items()}
     common = dict(book=book, restart_cost_s=restart_cost_s, quotas=q)
+    if name.startswith("rubick"):
+        common["hold_s"] = hold_s
     if name == "rubick":
         engine, kind = RubickEngine(**common), _all
     elif name == "rubick-e":
@@ -68,4 +77,5 @@ def make_policy(name: str, *, oracle: Oracle, models: Mapping[str, ModelType], r
         engine, kind = AntManEngine(**common), _exact
     else:
         engine, kind = EqualEngine(**common), _all
-    return PolicyCore(policy=name, engine=engine, kind_of=kind, models=dict(sorted(models.items())), oracle=oracle)
+    return PolicyCore(policy=name, engine=engine, kind_of=kind, models=dict(sorted(models.items())), oracle=oracle,
+                      batch_s=float(batch_s))

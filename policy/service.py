@@ -6,6 +6,13 @@ last round (a preemption, a restart, new measurements), so an idle cluster costs
 `plan.decided` lists only the jobs whose allocation or plan changed; nothing is published when
 nothing changed.
 
+Batching (`batch_s`, default 0 here and 60 s from `policy.registry.make_policy`): while clock ticks
+arrive at most `batch_s` apart, a best-effort submission made when no GPU is free, and a
+`model.updated`, within `batch_s` of the last round wait for the next round (the next tick's at the
+latest) instead of running one each. On a full cluster, a burst of submissions then costs one round
+instead of one per job; a guaranteed submission, a completion, a failure and a node change still
+run a round at once, and so does a submission that free GPUs could start.
+
 A job no plan can run on the cluster at any size (too big even with ZeRO-Offload on every GPU) is
 refused with `job.rejected` naming why, never left queued silently.
 
@@ -59,6 +66,14 @@ class PolicyCore:
     dirty: bool = False
     order: dict[str, int] = field(default_factory=dict)
     last: dict[str, Outcome] = field(default_factory=dict)
+    changed_at: dict[str, float] = field(default_factory=dict)
+    """job -> time of the last decision that changed it"""
+    batch_s: float = 0.0
+    """see the module docstring; 0 = a round on every submission and model update"""
+    last_round_at: float = -math.inf
+    tick_period_s: float = 0.0
+    """the period the last clock.tick announced (0 = no tick seen: nothing may wait, and no job is
+    held (`RubickEngine.hold_s`), since no tick would come to run the round a wait or a hold put off)"""
     _kinds: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,13 +112,39 @@ class PolicyCore:
         elif base == "job.preempted":
             p = self.progress.setdefault(event.payload.job_id, Progress())
             p.iterations, p.at = max(p.iterations, event.payload.iterations_done), event.time
+        elif base == "clock.tick":
+            self.tick_period_s = float(event.payload.period_s)
         if base in ("job.completed", "job.failed"):
             self.last.pop(event.payload.job_id, None)
-        if base in ROUND_NOW or (base == "clock.tick" and self.dirty):
+            self.changed_at.pop(event.payload.job_id, None)
+        if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
             out.extend(self.run_round(event))
-        elif base in DIRTY:
+        elif base in DIRTY or base in ROUND_NOW:
             self.dirty = True
         return out
+
+    def _may_wait(self, event: Event) -> bool:
+        """Whether a round-triggering event may wait for the next round (see Batching above)."""
+        if self.batch_s <= 0 or not 0 < self.tick_period_s <= self.batch_s:
+            return False
+        if event.time - self.last_round_at >= self.batch_s:
+            return False
+        if event.base == "model.updated":
+            return True
+        if event.base != "job.submitted":
+            return False
+        job = self.state.jobs.get(event.payload.job_id)
+        return job is not None and not job.guaranteed and self._free_gpus() <= 0
+
+    def _free_gpus(self) -> int:
+        """GPUs of live nodes no decision holds (`last` has every job a round has seen that is not over)."""
+        alive = {n.node: n.gpus for n in self.state.alive_nodes()}
+        used = 0
+        for job_id in self.last:
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.status in ("queued", "running", "preempted"):
+                used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
+        return sum(alive.values()) - used
 
     def _observe(self, m) -> None:
         """A measured iteration tells the oracle how far its predictions for the type can be trusted
@@ -167,15 +208,19 @@ class PolicyCore:
                      current_plan=job.decided_plan if current else None,
                      running=job.status == "running" or bool(current),
                      remaining_iters=remaining if remaining > 0 else math.inf,
-                     target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at))
+                     target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at),
+                     changed_s=t - self.changed_at.get(job.job_id, -math.inf) if self.tick_period_s > 0 else math.inf)
 
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
         self.dirty = False
+        self.last_round_at = event.time
         nodes = [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in self.state.alive_nodes()]
         jobs = [j for j in (self.job_in(js, event.time) for js in self.state.jobs_in("queued", "running",
                                                                                         "preempted")) if j]
         outcomes = self.engine.schedule(nodes, jobs) if nodes else []
+        if getattr(self.engine, "held_back", False):
+            self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
         for o in sorted(outcomes, key=lambda o: o.job_id):
             prev = self.last.get(o.job_id)
@@ -186,6 +231,7 @@ class PolicyCore:
             if prev is not None and prev.shares == o.shares and prev.plan == o.plan:
                 continue
             self.last[o.job_id] = o
+            self.changed_at[o.job_id] = event.time
             decisions.append(to_decision(o))
         if not decisions:
             return []

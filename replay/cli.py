@@ -36,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oracle", choices=("model", "table"), default="model",
                    help="what the policy believes about iteration times: the fitted model (default) or the table")
     p.add_argument("--tick", type=float, default=60.0, help="clock.tick period in seconds (default 60)")
+    p.add_argument("--batch", type=float, default=60.0,
+                   help="seconds a best-effort submission may wait for the next round when no GPU is free, so a "
+                        "burst costs one round (default 60; 0 = a round on every submission)")
+    p.add_argument("--hold", type=float,
+                   help="seconds a job just changed keeps its allocation against best-effort reasons, so short jobs "
+                        "cannot restart a long one over and over (default: twice the restart cost; 0 = none)")
     p.add_argument("--sample-every", type=float, default=600.0,
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")
@@ -101,6 +107,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return fail("--restart-cost and --start-cost must be >= 0 seconds")
     if args.scale < 1:
         return fail("--scale must be >= 1")
+    if not args.batch >= 0 or (args.hold is not None and not args.hold >= 0):
+        return fail("--batch and --hold must be >= 0 seconds")
     names = _policies(args)
     known = policy_names()
     unknown = [n for n in names if n not in known]
@@ -131,7 +139,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      oracle=args.oracle, tick_period_s=args.tick, sample_every_s=args.sample_every, noise=args.noise,
                      max_time_s=args.max_time_h * 3600, trace=str(args.trace),
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
-                     scale=args.scale, on_bad=args.on_bad)
+                     scale=args.scale, on_bad=args.on_bad, batch_s=args.batch,
+                     hold_s=args.hold)
     for name in names:
         cfg = replace(base, policy=name)
         out_dir = args.out if len(names) == 1 else args.out / name

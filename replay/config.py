@@ -51,6 +51,11 @@ class RunConfig:
     scale: int = 1
     on_bad: str = "refuse"
     quotas: dict[str, int] | None = None
+    batch_s: float = 60.0
+    """see `policy.service.PolicyCore`: a best-effort submission on a full cluster waits up to this
+    long for the next round"""
+    hold_s: float | None = None
+    """see `policy.engine.RubickEngine.hold_s`; None = twice the restart cost"""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +63,10 @@ class RunConfig:
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "RunConfig":
         known = RunConfig.__dataclass_fields__
-        return RunConfig(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("batch_s", 0.0)  # runs recorded before batching existed ran a round on every event
+        values.setdefault("hold_s", 0.0)  # ... and held no job
+        return RunConfig(**values)
 
 
 def parse_cluster(text: str) -> tuple[int, int]:
@@ -181,7 +189,8 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
     else:
         raise ValueError(f"unknown oracle {cfg.oracle!r} (model or table)")
     return make_policy(cfg.policy, oracle=oracle, models=dict(parts.models), restart_cost_s=cfg.restart_cost_s,
-                       quotas=cfg.quotas, node_gpus=node_gpus)
+                       quotas=cfg.quotas, node_gpus=node_gpus, batch_s=cfg.batch_s,
+                       hold_s=cfg.hold_s)
 
 
 def policy_names() -> tuple[str, ...]:

@@ -57,6 +57,10 @@ def write_log(log_dir: Path, records: Iterable[tuple[str, bytes, float]], *, con
     tmp = log_dir / f".tmp-{RUN_FILE}"
     tmp.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
     tmp.replace(log_dir / RUN_FILE)
+    kept = {p.name for p in files}
+    for old in log_dir.glob("events-*.parquet"):  # an earlier run written to the same folder: replaced
+        if old.name not in kept:
+            old.unlink()
     return files
 
 

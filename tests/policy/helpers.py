@@ -25,8 +25,13 @@ def models(*names: str):
     return out
 
 
+ALGORITHM_ONLY = {"hold_s": 0.0, "batch_s": 0.0}
+"""Tests of Algorithm 1's choices run a round on every event and hold no job (test_hold.py tests those)."""
+
+
 def table_core(policy: str, names, **kw):
-    return make_policy(policy, oracle=TableOracle(env=ENV, table=TABLE), models=models(*names), **kw)
+    return make_policy(policy, oracle=TableOracle(env=ENV, table=TABLE), models=models(*names),
+                       **{**ALGORITHM_ONLY, **kw})
 
 
 class Clock:

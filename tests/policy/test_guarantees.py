@@ -12,7 +12,7 @@ from policy.engine import RubickEngine
 from policy.oracle import from_modeler
 from policy.registry import POLICIES, make_policy
 
-from .helpers import Clock, completed, job, node
+from .helpers import ALGORITHM_ONLY, Clock, completed, job, node
 
 MODELER = make_core()
 
@@ -29,7 +29,7 @@ CHOICES = [
 
 def core_for(policy: str, **kw):
     oracle, models = from_modeler(MODELER)
-    return make_policy(policy, oracle=oracle, models=models, **kw)
+    return make_policy(policy, oracle=oracle, models=models, **{**ALGORITHM_ONLY, **kw})
 
 
 def check_round(core) -> None:

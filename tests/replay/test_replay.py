@@ -101,3 +101,21 @@ def test_what_if_replays_the_recorded_day_under_another_policy(recorded, tmp_pat
     same, _ = what_if(d / "events", tmp_path / "same")
     assert same.summary["plan_decided_sha256"] == out.summary["plan_decided_sha256"]
     assert json.loads((tmp_path / "same" / "summary.json").read_text())["jct"] == out.summary["jct"]
+
+
+def test_a_run_written_again_to_its_folder_replaces_the_old_log(recorded, parts, tmp_path):
+    d = tmp_path / "again"
+    shutil.copytree(recorded[0], d)
+    cfg = RunConfig(policy="rubick", cluster="4x8", sample_every_s=300.0, restart_cost_s=100.0)
+    out = simulate(cfg, trace_inputs(cfg, jobs_of(parts, n=30, start=10), parts), parts, out_dir=d)
+    assert sorted(p.name for p in (d / "events").glob("*.parquet")) == sorted(p.name for p in out.files)
+    result = verify(d / "events")
+    assert result.ok and result.checked["plan.decided"] == out.summary["plan_decided"]
+
+
+def test_runs_recorded_before_batching_and_holding_are_rebuilt_without_them():
+    old = RunConfig(policy="rubick").to_json()
+    del old["batch_s"], old["hold_s"]
+    cfg = RunConfig.from_json(old)
+    assert cfg.batch_s == 0.0 and cfg.hold_s == 0.0
+    assert RunConfig.from_json(RunConfig(policy="rubick").to_json()) == RunConfig(policy="rubick")
