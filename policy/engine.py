@@ -781,10 +781,10 @@ class RubickEngine:
             except ConfigError:
                 t_old = math.inf
             gbs = job.inp.kind.global_batch
-            if math.isfinite(t_old) and job.id in self.held:
-                self.held_back = True
-            if math.isfinite(t_old) and (job.id in self.held or
+            held = job.id in self.held  # changed a moment ago: keeps its plan whatever it would gain
+            if math.isfinite(t_old) and (held or
                                          job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s):
+                self.held_back = self.held_back or held
                 kept = Best(gbs / t_old, cur, canonical(tuple(job.g_on.values())))
                 return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)
