@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -75,6 +76,9 @@ class JobIn:
     """seconds since submission (a guaranteed job's deadline is its reference time from then)."""
     changed_s: float = math.inf
     """seconds since a decision last changed its allocation or plan (inf: never)."""
+    ref_iter_s: float = math.inf
+    """the measured seconds per iteration of its requested plan on its requested GPUs (inf: not
+    measured); a guaranteed job's deadline is counted from the faster of it and the prediction."""
 
 
 @dataclass
@@ -87,7 +91,15 @@ class Outcome:
     plan: Plan | None
     throughput: float
     reason: str
-    detail: dict[str, str]
+    _detail: dict[str, str] | Callable[[], dict[str, str]] = field(repr=False)
+    """the detail, or a function making it: most outcomes repeat the last round's and are never
+    published, so their detail is worked out only when read."""
+
+    @property
+    def detail(self) -> dict[str, str]:
+        if callable(self._detail):
+            self._detail = self._detail()
+        return self._detail
 
 
 @dataclass
@@ -132,7 +144,8 @@ class _Job:
 
 
 class _Journal:
-    """Undo log for one ScheduleJob attempt."""
+    """Undo log for one ScheduleJob attempt, or for several (a repack): `undo(mark)` takes back
+    only what was done since `mark = len(jr.ops)`."""
 
     def __init__(self) -> None:
         self.ops: list[tuple[dict, object, object]] = []
@@ -144,13 +157,13 @@ class _Journal:
         else:
             d[key] = value
 
-    def undo(self) -> None:
-        for d, key, old in reversed(self.ops):
+    def undo(self, mark: int = 0) -> None:
+        for d, key, old in reversed(self.ops[mark:]):
             if old is _MISSING:
                 d.pop(key, None)
             else:
                 d[key] = old
-        self.ops.clear()
+        del self.ops[mark:]
 
 
 _MISSING = object()
@@ -355,7 +368,10 @@ class RubickEngine:
         for job in self.jobs.values():
             if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
                 continue
-            if self._meets(job, self._guarded(job, job.best) if job.best is not None else None):
+            place = canonical(tuple(job.g_on.values()))
+            as_asked = job.request is not None and place == job.request.placement  # its own request's GPUs
+            if self._meets(job, self._guarded(job, job.best, place if as_asked else None)
+                           if job.best is not None else None):
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 self._reindex(job)
@@ -377,6 +393,8 @@ class RubickEngine:
                 want, job.want_g = job.want_g, max(1, job.min_g)
                 placed = self._schedule_job(job)
                 job.want_g = want
+            if not placed:
+                placed = self._repack(job)
             if placed:
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 job.reason = "guarantee"
@@ -389,6 +407,90 @@ class RubickEngine:
         for job in self.jobs.values():
             if job.inp.guaranteed and not job.privileged:
                 self._best_effort(job)
+
+    def _repack(self, job: _Job) -> bool:
+        """A guarantee that no placement meets because other guarantees hold a few GPUs on each of
+        the nodes it needs: move guaranteed jobs that run on one node onto a node with room, to
+        clear those nodes. A moved job gets the fewest GPUs (at least its minimum) with which it
+        still ends before its deadline after the restart; one that cannot stays. The nodes to
+        clear are those with the fewest such GPUs to move; the jobs are placed biggest first on the
+        node with the least room that holds them (best fit). Undone whole when any step fails."""
+        need = packed(max(1, job.min_g), self.book.node_gpus)
+        if len(need) > len(self.order):
+            return False
+        pinned = {n: 0 for n in self.order}
+        movable: dict[str, list[_Job]] = {n: [] for n in self.order}
+        size: dict[str, int] = {}
+        for v in self.jobs.values():
+            if v is job or not v.privileged or v.g <= 0:
+                continue
+            g = self._size_in_time(v) if len(v.g_on) == 1 else None
+            if g is not None:
+                movable[next(iter(v.g_on))].append(v)
+                size[v.id] = g
+            else:
+                for n, g in v.g_on.items():
+                    pinned[n] += g
+        load = {n: sum(size[v.id] for v in movable[n]) for n in self.order}
+        cap = {n: self.nodes[n].gpus - pinned[n] for n in self.order}
+        chosen: list[str] = []
+        for want in need:
+            fits = [n for n in self.order if n not in chosen and cap[n] >= want]
+            if not fits:
+                return False
+            chosen.append(min(fits, key=lambda n: (load[n], pinned[n], n)))
+        room = {n: cap[n] - load[n] for n in self.order}
+        for n, want in zip(chosen, need):
+            room[n] = cap[n] - want
+        moves: list[tuple[_Job, str]] = []
+        for v in sorted((v for n in chosen for v in movable[n]), key=lambda v: (-size[v.id], v.id)):
+            g, home = size[v.id], next(iter(v.g_on))
+            if room[home] >= g:
+                room[home] -= g  # stays where it is
+                continue
+            fits = [n for n in self.order if room[n] >= g]
+            if not fits:
+                return False
+            to = min(fits, key=lambda n: (room[n], n))
+            room[to] -= g
+            moves.append((v, to))
+        if not moves:
+            return False  # nothing to move: the plain attempt already failed on these nodes
+        jr = _Journal()
+        for v, _ in moves:
+            self._release(jr, v)
+            self._reindex(v)
+        ok = self._at_least(job, jr, chosen, max(1, job.min_g))
+        for v, to in moves:
+            ok = ok and self._at_least(v, jr, [to], size[v.id])
+        if not ok:
+            self._undo(jr, list(self.jobs.values()))
+            return False
+        for v, _ in moves:
+            self._reindex(v)
+            v.forced, v.reason, v.detail = True, "moved", {"by": job.id, "why": "packing guarantees"}
+        return True
+
+    def _size_in_time(self, v: _Job) -> int | None:
+        """The fewest GPUs on one node, at least its minimum, with which a running guaranteed job
+        restarted now still ends before its deadline (its speed: the reference, or the predicted best
+        less the type's margin where that is more); None when no node size does."""
+        margin = 1 + self._margin(v.inp.kind)
+        for g in range(max(1, v.min_g), self.book.node_gpus + 1):
+            best = self.book.best(v.inp.kind, (g,), self._cpg_of(v))
+            if self._in_time(v, max(v.ref, best.throughput / margin if best.plan is not None else 0.0)):
+                return g
+        return None
+
+    def _at_least(self, job: _Job, jr: _Journal, nodes: list[str], gpus: int) -> bool:
+        """ScheduleJob on `nodes` only, as if `gpus` were the job's minimum (taking from any job
+        over its own minimum), and wanting no more."""
+        saved = (job.want_g, job.min_g)
+        job.want_g = job.min_g = gpus
+        try:
+            return self._schedule_job(job, jr, only=nodes)
+        finally:
+            job.want_g, job.min_g = saved
 
     def _release(self, jr: _Journal, job: _Job) -> None:
         for node in list(job.g_on):
@@ -434,10 +536,14 @@ class RubickEngine:
         return self.book.cpu_curve(job.inp.kind, tuple(job.g_on.values())) / job.ref if job.ref > 0 else None
 
     def _cpu_slope_up(self, job: _Job) -> float:
-        curve = self._cpu_curve(job)
-        if curve is None:
-            return 0.0
-        return slope_up(curve, self._cpg_of(job), len(curve) - 1)
+        if not job.inp.kind.offload or job.ref <= 0:
+            return 0.0  # only ZeRO-Offload runs anything on the CPUs: a flat curve
+        place, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+
+        def slope() -> float:
+            curve = self._cpu_curve(job)
+            return slope_up(curve, cpg, len(curve) - 1)
+        return self.book.memo(job.inp.kind, ("cpu-up", canonical(place), cpg, job.ref), slope)
 
     # --- ScheduleJob -------------------------------------------------------------------------
     def _free_nodes(self) -> list[str]:
@@ -542,7 +648,7 @@ class RubickEngine:
         if not inp.running or not math.isfinite(inp.remaining_iters) or not math.isfinite(inp.target_iters):
             return True
         gbs = inp.kind.global_batch
-        left = inp.target_iters * gbs / v.ref - inp.elapsed_s
+        left = inp.target_iters * min(gbs / v.ref, inp.ref_iter_s) - inp.elapsed_s
         return self.restart_cost_s + inp.remaining_iters * gbs / throughput <= left
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
@@ -566,7 +672,9 @@ class RubickEngine:
         if dst.id not in self.on_node[node]:
             jr.set(self.on_node, node, self.on_node[node] | {dst.id})
 
-    def _schedule_job(self, job: _Job) -> bool:
+    def _schedule_job(self, job: _Job, jr: _Journal | None = None, only: list[str] | None = None) -> bool:
+        """ScheduleJob; `jr` records its changes in a caller's journal (a repack), `only` limits the
+        nodes it visits."""
         if job.g >= job.want_g and job.g >= job.min_g:
             return job.g > 0
         if job.g and job.g >= job.min_g and job.id in self.held:
@@ -575,7 +683,8 @@ class RubickEngine:
             return True  # changed a moment ago: no growth before it has run a while
         if not job.g_on and job.g >= job.min_g and job.up() <= self.min_down + EPS and not self._free_nodes():
             return False
-        jr = _Journal()
+        jr = jr if jr is not None else _Journal()
+        mark = len(jr.ops)
         before = (dict(job.g_on), dict(job.c_on), job.best)
         if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
             spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
@@ -588,7 +697,7 @@ class RubickEngine:
         or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
         need = lambda: target - job.g  # noqa: E731
-        for node in self._node_order(job):
+        for node in self._node_order(job) if only is None else only:
             if need() <= 0:
                 break
             take = min(self.free_g[node], need())
@@ -609,26 +718,26 @@ class RubickEngine:
                     floor = min(floor, victim.down())
         touched = [job, *victims.values()]
         if job.g < max(1, job.min_g) or not self._settle(jr, job):
-            self._undo(jr, touched)
+            self._undo(jr, touched, mark)
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
-            self._undo(jr, touched)
+            self._undo(jr, touched, mark)
             return True
         self.placed[job.id] = job
         for t in touched:
             self._reindex(t)
         for v in victims.values():
-            v.forced = True
-            v.reason = "shrunk" if v.g else "preempted"
-            v.detail = {"by": job.id, "slope": f"{v.down():.4g}"}
+            jr.set(v.__dict__, "forced", True)
+            jr.set(v.__dict__, "reason", "shrunk" if v.g else "preempted")
+            jr.set(v.__dict__, "detail", {"by": job.id, "slope": f"{v.down():.4g}"})
         if victims and not job.reason:
-            job.detail = {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"}
+            jr.set(job.__dict__, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
         return True
 
-    def _undo(self, jr: _Journal, touched: list[_Job] = ()) -> None:
-        if any(d is self.free_g for d, _, _ in jr.ops):
+    def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
+        if any(d is self.free_g for d, _, _ in jr.ops[mark:]):
             self._free_list = None
-        jr.undo()
+        jr.undo(mark)
         for t in touched:
             self._reindex(t)
 
@@ -793,9 +902,16 @@ class RubickEngine:
         used = dict(zip(sorted(job.g_on, key=lambda n: (-job.g_on[n], n)), best.placement))
         shares = {n: (g, job.c_on.get(n, 0), round(job.mem_on.get(n, 0.0), 3)) for n, g in used.items() if g > 0}
         reason = job.reason or ("start" if not job.inp.current else "keep")
-        detail = dict(job.detail)
-        detail.setdefault("slope", f"{slope_down(job.curve, job.g):.4g}")
-        if job.inp.guaranteed and not job.privileged and "guarantee" not in detail:
-            detail["quota"] = "exceeded" if self._quota(job) else "none"  # runs as best-effort
-        detail["normalised"] = f"{tput / job.ref:.4g}" if job.ref > 0 else "0"
+        given, curve, g, ref = dict(job.detail), job.curve, job.g, job.ref
+        quota = None
+        if job.inp.guaranteed and not job.privileged and "guarantee" not in given:
+            quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort
+
+        def detail() -> dict[str, str]:
+            out = dict(given)
+            out.setdefault("slope", f"{slope_down(curve, g):.4g}")
+            if quota is not None:
+                out["quota"] = quota
+            out["normalised"] = f"{tput / ref:.4g}" if ref > 0 else "0"
+            return out
         return Outcome(job.id, shares, plan, tput, reason, detail)

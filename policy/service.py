@@ -24,14 +24,14 @@ every `plan.decided` byte for byte.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from controlplane.events import Decision, Event, NodeShare, PlanDecided, Rejected, make
 from controlplane.state import ClusterState, JobState
 from modeler.spec import ModelType, SpecError
 
-from .curves import JobKind
+from .curves import JobKind, packed
 from .engine import JobIn, NodeCap, Outcome
 from .oracle import ModelOracle, Oracle
 from .plans import ALL_FAMILIES
@@ -68,6 +68,8 @@ class PolicyCore:
     last: dict[str, Outcome] = field(default_factory=dict)
     changed_at: dict[str, float] = field(default_factory=dict)
     """job -> time of the last decision that changed it"""
+    ref_iter: dict[str, float] = field(default_factory=dict)
+    """guaranteed job -> its first measured iteration running its request as asked (`JobIn.ref_iter_s`)"""
     batch_s: float = 0.0
     """see the module docstring; 0 = a round on every submission and model update"""
     last_round_at: float = -math.inf
@@ -117,6 +119,7 @@ class PolicyCore:
         if base in ("job.completed", "job.failed"):
             self.last.pop(event.payload.job_id, None)
             self.changed_at.pop(event.payload.job_id, None)
+            self.ref_iter.pop(event.payload.job_id, None)
         if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
@@ -148,9 +151,13 @@ class PolicyCore:
 
     def _observe(self, m) -> None:
         """A measured iteration tells the oracle how far its predictions for the type can be trusted
-        (`ModelOracle.observe`); the next tick's round uses it (a measurement marks the core dirty)."""
+        (`ModelOracle.observe`); the next tick's round uses it (a measurement marks the core dirty).
+        A guaranteed job's first iteration run as asked fixes the speed its deadline is counted at."""
         observe = getattr(self.oracle, "observe", None)
         job = self.state.jobs.get(m.job_id)
+        if (job is not None and job.guaranteed and m.job_id not in self.ref_iter and m.iter_time_s > 0
+                and math.isfinite(m.iter_time_s) and _as_asked(job, m, self.engine.book.node_gpus)):
+            self.ref_iter[m.job_id] = float(m.iter_time_s)
         model = self.model_of(job) if job is not None and job.model_type == m.model_type else None
         if observe is None or model is None:
             return
@@ -209,7 +216,8 @@ class PolicyCore:
                      running=job.status == "running" or bool(current),
                      remaining_iters=remaining if remaining > 0 else math.inf,
                      target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at),
-                     changed_s=t - self.changed_at.get(job.job_id, -math.inf) if self.tick_period_s > 0 else math.inf)
+                     changed_s=t - self.changed_at.get(job.job_id, -math.inf) if self.tick_period_s > 0 else math.inf,
+                     ref_iter_s=self.ref_iter.get(job.job_id, math.inf))
 
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
@@ -245,6 +253,15 @@ class PolicyCore:
     def explain(self, job_id: str, t: float | None = None) -> dict:
         from .explain import explain_job
         return explain_job(self, job_id, self.state.time if t is None else t)
+
+
+def _as_asked(job: JobState, m, node_gpus: int) -> bool:
+    """Whether a measurement is of the job's requested plan (GA steps aside: the policy fills them
+    in) on its requested GPUs packed on whole nodes."""
+    if m.plan is None or tuple(sorted(m.gpus_per_node, reverse=True)) != packed(job.requested.gpus, node_gpus):
+        return False
+    want = job.requested_plan
+    return want is not None and replace(m.plan, ga_steps=want.ga_steps) == want
 
 
 def to_decision(o: Outcome) -> Decision:
