@@ -75,6 +75,8 @@ class ClusterState:
     jobs: dict[str, JobState] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     """job id -> why its submission was refused."""
+    open_jobs: dict[str, None] = field(default_factory=dict)
+    """ids of the jobs neither completed nor failed (`jobs` keeps every job a long run saw)."""
     model_versions: dict[str, int] = field(default_factory=dict)
     last_round: int = -1
     last_tick: int = -1
@@ -90,7 +92,10 @@ class ClusterState:
         return sum(n.gpus for n in nodes), sum(n.cpus for n in nodes), sum(n.mem_gb for n in nodes)
 
     def jobs_in(self, *statuses: str) -> list[JobState]:
-        return [self.jobs[j] for j in sorted(self.jobs) if self.jobs[j].status in statuses]
+        """The jobs in any of `statuses`, by id."""
+        ids = self.jobs if _FINAL.intersection(statuses) else self.open_jobs
+        jobs = self.jobs
+        return [jobs[j] for j in sorted(j for j in ids if j in jobs and jobs[j].status in statuses)]
 
     # --- admission -------------------------------------------------------------
     def check_submission(self, sub: p.JobSubmitted) -> tuple[str, str, str, str] | None:
@@ -129,6 +134,16 @@ class ClusterState:
                 job = self.jobs.get(event.payload.job_id)
                 if job is not None and not job.submission_id:
                     job.submission_id = event.id
+            job_id = getattr(event.payload, "job_id", None)
+            if job_id:
+                job = self.jobs.get(job_id)
+                if job is None or job.status in _FINAL:
+                    self.open_jobs.pop(job_id, None)
+                else:
+                    self.open_jobs[job_id] = None
+
+
+_FINAL = frozenset({"completed", "failed"})
 
 
 def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
