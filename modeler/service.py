@@ -16,7 +16,11 @@ from `event.time`; output ids derived from inputs). It consumes
   the one held are adopted, so a restarted core replaying the log ends where it was.
 
 A refit publishes `model.updated` with the parameters, version + 1, the points used, the RMSLE and
-the reason. Re-handling an event id already seen for a type changes nothing.
+the reason, when it pays: its mean relative error on the kept points must be at least `min_gain`
+(default 10%) lower than the current parameters'. Otherwise the current parameters stay and the
+window starts again: an error the model's form cannot follow (a placement it has no term for) would
+else be refitted every few measurements, and every `model.updated` makes the policy recompute the
+type's curves. Re-handling an event id already seen for a type changes nothing.
 """
 
 from __future__ import annotations
@@ -74,9 +78,10 @@ class ModelerCore:
 
     def __init__(self, models: Mapping[str, ModelType], env: Environment, params: Mapping[str, PerfParams] | None = None,
                  *, threshold: float = 0.10, window: int = 20, min_window: int = 5, per_config: int = 4,
-                 max_configs: int = 64, max_seen: int = 4096) -> None:
+                 max_configs: int = 64, max_seen: int = 4096, min_gain: float = 0.10) -> None:
         self.env = env
         self.threshold = threshold
+        self.min_gain = min_gain
         self.window = window
         self.min_window = min_window
         self.per_config = per_config
@@ -105,8 +110,11 @@ class ModelerCore:
         st = self.types[model_type]
         if st.params is None:
             raise KeyError(f"model {model_type} has no fitted parameters yet")
+        return self._predict_with(st, st.params, configs)
+
+    def _predict_with(self, st: _TypeState, params: PerfParams, configs: list[Config]) -> np.ndarray:
         batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
-        return t_iter(st.model, self.env, st.params, resolve_ga(st.model, self.env, batch))
+        return t_iter(st.model, self.env, params, resolve_ga(st.model, self.env, batch))
 
     def snapshot(self) -> dict:
         """The state as plain data (for tests and debugging): equal snapshots, equal behaviour."""
@@ -206,6 +214,14 @@ class ModelerCore:
         if st.params is not None and not result.offload_fitted:  # keep what the points could not inform
             params = PerfParams.from_dict({**params.as_dict(),
                                            **{k: st.params.as_dict()[k] for k in OFFLOAD_PARAMS}})
+        if st.params is not None and self.min_gain > 0:
+            cfgs = [p.config for p in pts]
+            times = np.asarray([p.iter_time_s for p in pts])
+            old = float(np.mean(np.abs(self._predict_with(st, st.params, cfgs) - times) / times))
+            new = float(np.mean(np.abs(self._predict_with(st, params, cfgs) - times) / times))
+            if not new < old * (1 - self.min_gain):
+                st.errors = []  # no better: keep the parameters, and wait for a new window
+                return []
         st.params, st.version, st.errors = params, st.version + 1, []
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason)

@@ -56,6 +56,9 @@ class RunConfig:
     long for the next round"""
     hold_s: float | None = None
     """see `policy.engine.RubickEngine.hold_s`; None = twice the restart cost"""
+    refit_min_gain: float = 0.10
+    """see `modeler.service.ModelerCore`: a refit is published only when it lowers the error on the
+    kept points by this fraction"""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +69,7 @@ class RunConfig:
         values = {k: v for k, v in data.items() if k in known}
         values.setdefault("batch_s", 0.0)  # runs recorded before batching existed ran a round on every event
         values.setdefault("hold_s", 0.0)  # ... and held no job
+        values.setdefault("refit_min_gain", 0.0)  # ... and published every refit
         return RunConfig(**values)
 
 
@@ -205,5 +209,6 @@ def control_cores(cfg: RunConfig, parts: Parts, policy_factory: PolicyFactory | 
     """Admission, modeler and policy: the control plane's cores, in delivery order."""
     factory = policy_factory or registry_policy
     modeler = ModelerCore(parts.models, parts.env,
-                          {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())})
+                          {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
+                          min_gain=cfg.refit_min_gain)
     return [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
