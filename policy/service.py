@@ -43,6 +43,9 @@ DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.
 
 @dataclass
 class Progress:
+    """What the core knows of a job's progress: `iterations` done at time `at`, and the measured
+    time of one iteration since (None while the job restarts or has not reported on its current
+    configuration yet: then no progress is assumed after `at`)."""
     iterations: int = 0
     at: float = 0.0
     iter_time_s: float | None = None
@@ -110,7 +113,7 @@ class PolicyCore:
             self._observe(m)
         elif base in ("job.started", "job.reconfigured"):
             p = self.progress.setdefault(event.payload.job_id, Progress())
-            p.at = event.time
+            p.at, p.iter_time_s = event.time, None  # its speed on the new configuration is not known yet
         elif base == "job.preempted":
             p = self.progress.setdefault(event.payload.job_id, Progress())
             p.iterations, p.at = max(p.iterations, event.payload.iterations_done), event.time
@@ -148,6 +151,16 @@ class PolicyCore:
             if job is not None and job.status in ("queued", "running", "preempted"):
                 used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
         return sum(alive.values()) - used
+
+    def _pause(self, job_id: str, t: float) -> None:
+        """A running job the round changes stops at `t` to restart: count its progress up to `t` and
+        assume none after it until it reports from its new configuration."""
+        p = self.progress.get(job_id)
+        if p is None:
+            return
+        if p.iter_time_s and t > p.at:
+            p.iterations += int((t - p.at) / p.iter_time_s)
+        p.at, p.iter_time_s = t, None
 
     def _observe(self, m) -> None:
         """A measured iteration tells the oracle how far its predictions for the type can be trusted
@@ -240,6 +253,8 @@ class PolicyCore:
                 continue
             self.last[o.job_id] = o
             self.changed_at[o.job_id] = event.time
+            if prev is not None and prev.shares:
+                self._pause(o.job_id, event.time)
             decisions.append(to_decision(o))
         if not decisions:
             return []
