@@ -62,6 +62,9 @@ class _TypeState:
     points: dict[tuple, list[_Point]] = field(default_factory=dict)
     errors: list[float] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
+    predicted: dict[tuple, float] = field(default_factory=dict)
+    """configuration key -> predicted iteration time under `predicted_by`"""
+    predicted_by: PerfParams | None = None
 
 
 def _config_key(cfg: Config) -> tuple:
@@ -178,7 +181,7 @@ class ModelerCore:
 
         if st.params is None:
             return self._refit(event, m.model_type, st, "first fit")
-        pred = float(self.predict(m.model_type, [cfg])[0])
+        pred = self._predicted(st, cfg)
         st.errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
         del st.errors[:-self.window]
         mean = float(np.mean(st.errors))
@@ -186,6 +189,17 @@ class ModelerCore:
             return self._refit(event, m.model_type, st,
                                f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(st.errors)} points")
         return []
+
+    def _predicted(self, st: _TypeState, cfg: Config) -> float:
+        """The current parameters' prediction for one configuration, remembered until they change
+        (a running job reports the same configuration again and again)."""
+        if st.predicted_by is not st.params:
+            st.predicted, st.predicted_by = {}, st.params
+        key = _config_key(cfg)
+        pred = st.predicted.get(key)
+        if pred is None:
+            pred = st.predicted[key] = float(self._predict_with(st, st.params, [cfg])[0])
+        return pred
 
     def _keep(self, st: _TypeState, point: _Point) -> None:
         key = _config_key(point.config)
