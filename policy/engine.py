@@ -219,7 +219,10 @@ class RubickEngine:
         self.held_back = False
         """whether holding a job changed this round's outcome (the round is worth running again later)"""
         for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
-            self.jobs[inp.job_id] = self._prepare(inp)
+            job = self.jobs[inp.job_id] = self._prepare(inp)
+            if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
+                job.want_g = max(1, job.min_g)
+                self._tables(job)
         self._place_current()
         for job in self.jobs.values():
             self._reindex(job)
@@ -640,6 +643,22 @@ class RubickEngine:
             best = self._guarded(v, self.book.best_within(v.inp.kind, place, key[2]), place)
             hit = self._guarantee_memo[key] = self._meets(v, best) and self._in_time(v, best.throughput)
         return hit
+
+    def _room_to_give_back(self, job: _Job) -> bool:
+        """Whether a guarantee may take GPUs beyond its minimum: only when the speed they give puts
+        it at least one restart ahead of its deadline. GPUs it took without that slack could not be
+        taken back (a shrink or a move restarts it and makes it late), so they would stay pinned
+        under it until it ends, however much a later guarantee needs their nodes."""
+        inp = job.inp
+        if self.fixed_resources or not (math.isfinite(inp.remaining_iters) and math.isfinite(inp.target_iters)):
+            return True
+        fast = float(job.curve[min(job.want_g, len(job.curve) - 1)]) * job.ref
+        if fast <= 0 or job.ref <= 0:
+            return True
+        gbs = inp.kind.global_batch
+        left = inp.target_iters * min(gbs / job.ref, inp.ref_iter_s) - inp.elapsed_s
+        now = self.restart_cost_s if inp.running else 0.0
+        return left - now - inp.remaining_iters * gbs / fast >= self.restart_cost_s
 
     def _in_time(self, v: _Job, throughput: float) -> bool:
         """Whether a running guaranteed job restarted now, then running at `throughput`, still ends

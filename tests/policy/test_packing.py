@@ -116,3 +116,17 @@ def test_a_deadline_counts_from_the_speed_measured_as_asked():
 
     assert shrinks_g(replace(late, ref_iter_s=math.inf))  # by the prediction, time to spare for a restart
     assert not shrinks_g(late)  # by the measurement, a 78 s restart would make it late
+
+
+def test_a_guarantee_takes_gpus_over_its_request_only_with_a_restart_of_slack_to_give_them_back():
+    def grown(iters: int) -> int:
+        core = core_for("rubick")
+        c = Clock()
+        for n in ("n0", "n1"):
+            core.handle(c.ev("node.registered", node(n)))
+        core.handle(c.ev("job.submitted", job("g", "bert", 32, Plan(dp=8), 8, 64, guaranteed=True, iters=iters)))
+        check_round(core)
+        return sum(placed(core, "g").values())
+
+    assert grown(100_000) > 8  # hours as asked: faster on 16 GPUs, and far enough ahead to give 8 back later
+    assert grown(100) == 8  # seconds as asked: taking the idle node would pin it under the job until it ends
