@@ -655,10 +655,15 @@ class RubickEngine:
         fast = float(job.curve[min(job.want_g, len(job.curve) - 1)]) * job.ref
         if fast <= 0 or job.ref <= 0:
             return True
-        gbs = inp.kind.global_batch
-        left = inp.target_iters * min(gbs / job.ref, inp.ref_iter_s) - inp.elapsed_s
         now = self.restart_cost_s if inp.running else 0.0
-        return left - now - inp.remaining_iters * gbs / fast >= self.restart_cost_s
+        return self._time_left(job) - now - inp.remaining_iters * inp.kind.global_batch / fast >= self.restart_cost_s
+
+    @staticmethod
+    def _time_left(v: _Job) -> float:
+        """Seconds from now to a guaranteed job's deadline: the time its whole work takes at the
+        reference (the faster of predicted and measured as asked), counted from its submission."""
+        inp = v.inp
+        return inp.target_iters * min(inp.kind.global_batch / v.ref, inp.ref_iter_s) - inp.elapsed_s
 
     def _in_time(self, v: _Job, throughput: float) -> bool:
         """Whether a running guaranteed job restarted now, then running at `throughput`, still ends
@@ -666,9 +671,7 @@ class RubickEngine:
         inp = v.inp
         if not inp.running or not math.isfinite(inp.remaining_iters) or not math.isfinite(inp.target_iters):
             return True
-        gbs = inp.kind.global_batch
-        left = inp.target_iters * min(gbs / v.ref, inp.ref_iter_s) - inp.elapsed_s
-        return self.restart_cost_s + inp.remaining_iters * gbs / throughput <= left
+        return self.restart_cost_s + inp.remaining_iters * inp.kind.global_batch / throughput <= self._time_left(v)
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         if src is None:

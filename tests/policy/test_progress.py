@@ -10,14 +10,17 @@ from .helpers import Clock, decisions, job, node
 from .test_guarantees import core_for
 
 
+def allocation(outcome) -> tuple[NodeShare, ...]:
+    return tuple(NodeShare(node=n, gpus=g, cpus=cp, mem_gb=float(m)) for n, (g, cp, m) in outcome.shares.items())
+
+
 def test_a_job_makes_no_progress_from_the_round_that_changes_it_until_it_reports_again():
     core = core_for("rubick")
     c = Clock()
     core.handle(c.ev("node.registered", node("n0")))
     core.handle(c.ev("job.submitted", job("a", "bert", 32, Plan(dp=8), 8, 64, iters=100_000)))
     first = core.last["a"]
-    alloc = tuple(NodeShare(node=n, gpus=g, cpus=cp, mem_gb=float(m)) for n, (g, cp, m) in first.shares.items())
-    core.handle(c.ev("job.started", JobStarted(job_id="a", allocation=alloc, plan=first.plan)))
+    core.handle(c.ev("job.started", JobStarted(job_id="a", allocation=allocation(first), plan=first.plan)))
 
     def done() -> float:
         return 100_000 - core.job_in(core.state.jobs["a"], c.t).remaining_iters
@@ -37,8 +40,7 @@ def test_a_job_makes_no_progress_from_the_round_that_changes_it_until_it_reports
     c.t += 60.0  # restarting: no progress, whatever its old speed
     assert done() == at_change
     new = core.last["a"]
-    alloc = tuple(NodeShare(node=n, gpus=g, cpus=cp, mem_gb=float(m)) for n, (g, cp, m) in new.shares.items())
-    core.handle(c.ev("job.reconfigured", JobReconfigured(job_id="a", allocation=alloc, plan=new.plan,
+    core.handle(c.ev("job.reconfigured", JobReconfigured(job_id="a", allocation=allocation(new), plan=new.plan,
                                                          restart_cost_s=61.0)))
     c.t += 5.0
     assert done() == at_change  # running again, at a speed not measured yet
