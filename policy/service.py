@@ -123,6 +123,7 @@ class PolicyCore:
             self.last.pop(event.payload.job_id, None)
             self.changed_at.pop(event.payload.job_id, None)
             self.ref_iter.pop(event.payload.job_id, None)
+            self.progress.pop(event.payload.job_id, None)
         if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
