@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from .configs import ConfigBatch
 from .env import Environment
@@ -190,6 +189,8 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         step = np.where(z + h > hi, -h, h)  # stay inside the bounds (step backwards at the upper one)
         r = residuals_many(np.vstack([z, z + np.diag(step)]))
         return ((r[1:] - r[0]) / step[:, None]).T
+
+    from scipy.optimize import least_squares  # half a second to import: only where a fit runs
 
     best = None
     if initial is None:
