@@ -80,6 +80,7 @@ class PolicyCore:
     """the period the last clock.tick announced (0 = no tick seen: nothing may wait, and no job is
     held (`RubickEngine.hold_s`), since no tick would come to run the round a wait or a hold put off)"""
     _kinds: dict = field(default_factory=dict, repr=False)
+    _runs: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -199,7 +200,11 @@ class PolicyCore:
         nodes = self.state.alive_nodes()
         cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
         cpg = min(cpg, book.max_cpus_per_gpu)
-        if book.gpu_curve(kind, cpg).max() <= 0 and book.gpu_curve(kind, 1).max() <= 0:
+        key = (model.name, id(model), job.global_batch_size, cpg, book.max_gpus)
+        runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
+        if runs is None:
+            runs = self._runs[key] = bool(book.gpu_curve(kind, cpg).max() > 0 or book.gpu_curve(kind, 1).max() > 0)
+        if not runs:
             return (f"model {job.model_type} cannot run on any node: no execution plan fits in memory "
                     f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload")
         return None
