@@ -20,9 +20,7 @@ the reason, when it pays: its mean relative error on the kept points must be at 
 (default 10%) lower than the current parameters'. Otherwise the current parameters stay and the
 window starts again: an error the model's form cannot follow (a placement it has no term for) would
 else be refitted every few measurements, and every `model.updated` makes the policy recompute the
-type's curves. A refit that kept the parameters is not tried again until the kept points measure
-something new (a configuration, or a time on one, not seen then). Re-handling an event id already
-seen for a type changes nothing.
+type's curves. Re-handling an event id already seen for a type changes nothing.
 """
 
 from __future__ import annotations
@@ -67,8 +65,6 @@ class _TypeState:
     predicted: dict[tuple, float] = field(default_factory=dict)
     """configuration key -> predicted iteration time under `predicted_by`"""
     predicted_by: PerfParams | None = None
-    declined: frozenset | None = None
-    """what the points measured when a refit last found nothing better (see `_evidence`)"""
 
 
 def _config_key(cfg: Config) -> tuple:
@@ -216,10 +212,6 @@ class ModelerCore:
 
     def _refit(self, event: Event, key: str, st: _TypeState, reason: str) -> list[Event]:
         pts = [p for k in sorted(st.points, key=repr) for p in st.points[k]]
-        evidence = _evidence(pts)
-        if st.params is not None and evidence == st.declined:
-            st.errors = []  # nothing measured since the last refit kept the parameters: it would again
-            return []
         result = None
         for subset in (pts, [p for p in pts if not p.config.plan.offload]):
             if not subset:
@@ -242,20 +234,12 @@ class ModelerCore:
             old = float(np.mean(np.abs(self._predict_with(st, st.params, cfgs) - times) / times))
             new = float(np.mean(np.abs(self._predict_with(st, params, cfgs) - times) / times))
             if not new < old * (1 - self.min_gain):
-                st.errors, st.declined = [], evidence  # no better: keep the parameters, and wait for a new window
+                st.errors = []  # no better: keep the parameters, and wait for a new window
                 return []
-        st.params, st.version, st.errors, st.declined = params, st.version + 1, [], None
+        st.params, st.version, st.errors = params, st.version + 1, []
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason)
         return [make("model.updated", payload, time=event.time, id=f"model-{key}-v{st.version}", source=NAME)]
-
-
-def _evidence(pts: list[_Point]) -> frozenset:
-    """What a set of points measured: each configuration with the distinct times seen on it. A job
-    reporting a configuration again at the same speed adds nothing a refit could learn from."""
-    known = lambda v: None if v != v else v  # noqa: E731  (NaN = not recorded, and NaN != NaN)
-    return frozenset((_config_key(p.config), p.iter_time_s, known(p.fwd_s), known(p.bwd_s), known(p.opt_s))
-                     for p in pts)
 
 
 def _measurements(model: ModelType, pts: list[_Point]) -> Measurements:

@@ -95,31 +95,6 @@ def test_a_refit_no_better_than_the_current_fit_is_not_published(env):
     assert "model.updated" in [e.subject for e in run(eager, swinging(eager))]
 
 
-def test_a_declined_refit_is_not_tried_again_on_the_same_measurements(env, monkeypatch):
-    """Once a refit kept the parameters, jobs reporting the same configurations at the same times
-    again (a simulated run without noise does) refill the error window but teach nothing: no second
-    fit. A configuration measured at a new time is new evidence, and the fit runs again."""
-    import modeler.service as service
-
-    calls = []
-    real_fit = service.fit
-    monkeypatch.setattr(service, "fit", lambda *a, **k: calls.append(1) or real_fit(*a, **k))
-    core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
-    cfg = Config(plan=Plan(dp=8), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16)
-    pred = float(core.predict("gpt2", [cfg])[0])
-    times = [pred * (0.77 if i % 2 else 1.3) for i in range(12)]
-    first = [metric(i, (8,), times[i], cpus_per_gpu=1 + i) for i in range(12)]
-    assert run(core, first) == []
-    fitted = len(calls)
-    assert fitted >= 1 and core.types["gpt2"].declined is not None  # refits ran and kept the parameters
-    again = [metric(20 + i, (8,), times[i], cpus_per_gpu=1 + i) for i in range(12)]
-    assert run(core, again) == [] and len(calls) == fitted  # the same evidence: not fitted again
-    assert len(core.types["gpt2"].errors) < 12  # the window restarted all the same
-    new = [metric(40 + i, (8,), times[i] * 1.01, cpus_per_gpu=1 + i) for i in range(12)]
-    run(core, new)
-    assert len(calls) > fitted
-
-
 def test_first_fit_once_enough_points(env):
     core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env)
     truth = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
