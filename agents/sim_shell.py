@@ -104,11 +104,12 @@ class SimAgentsShell:
         finally:
             await consumer.close()
 
-    async def fire_due(self) -> None:
+    async def fire_due(self, now: float | None = None) -> None:
+        """Fire every timer due by `now` (by default the clock's reading)."""
         due = self.core.due()
         if due is None:
             return
-        now = self._now()
+        now = self._now() if now is None else now
         if due <= now:
             out = self.core.fire(now)
             self.fired += len(out)
@@ -121,9 +122,10 @@ class SimAgentsShell:
         except Invalid:  # admission answers it; the agents skip it
             await d.ack()
             return
-        await self.fire_due()
+        now = self._now()  # one reading for both: a timer due before the message fires before it
+        await self.fire_due(now)
         try:
-            out = self.core.handle(replace(event, time=self._now()))
+            out = self.core.handle(replace(event, time=now))
         except Exception:  # a core bug must not stop the agents: log, skip, go on
             log.exception("%s: handler failed on seq %d (%s)", self.name, d.seq, d.subject)
             out = []
