@@ -200,7 +200,7 @@ class PolicyCore:
         nodes = self.state.alive_nodes()
         cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
         cpg = min(cpg, book.max_cpus_per_gpu)
-        key = (model.name, id(model), job.global_batch_size, cpg, book.max_gpus)
+        key = (job.model_type, job.global_batch_size, cpg, book.max_gpus)
         runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
         if runs is None:
             runs = self._runs[key] = bool(book.gpu_curve(kind, cpg).max() > 0 or book.gpu_curve(kind, 1).max() > 0)
