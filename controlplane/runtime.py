@@ -181,6 +181,8 @@ class ControlPlane:
                 cores, agents = await asyncio.to_thread(self._sim_parts)
             else:
                 cores = await asyncio.to_thread(model_cores, self.config)
+            from modeler.fit import load_solver
+            await asyncio.to_thread(load_solver)  # not in the middle of the run, at the first refit
         except ImportError as exc:  # a deployment without the modeler or policy package
             log.warning("modeler and policy not started: %s", exc)
             return

@@ -132,6 +132,13 @@ def check_points(model: ModelType, pts: Measurements, *, need_offload: bool = Fa
     return measurements, n_off
 
 
+def load_solver() -> None:
+    """Import the least-squares solver now. It takes about half a second, so `fit` imports it only when
+    a fit runs: a short offline run or a replay that never refits skips it. A long-running service
+    calls this at start-up instead, so that its first online refit does not stall its event loop."""
+    import scipy.optimize  # noqa: F401
+
+
 def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: bool = False,
         initial: PerfParams | None = None, multi_start: bool = True) -> FitResult:
     """Fit the parameters of `model` on the measured points. With `initial` and not `multi_start`

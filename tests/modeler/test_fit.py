@@ -134,3 +134,19 @@ def test_engine_parameters_are_recovered(models, env):
                                        for g, p in [((8, 8), Plan(tp=8, pp=2)), ((4,) * 8, Plan(tp=4, pp=8)),
                                                     ((2, 2), Plan(tp=2, pp=2))]])
     assert np.allclose(t_iter(model, env, res.params, unseen), t_iter(model, env, true, unseen), rtol=0.02)
+
+
+def test_the_solver_is_imported_by_a_fit_or_by_load_solver_not_by_the_import():
+    """Importing the modeler must not pay the solver's import (an offline run that never refits skips
+    it); `load_solver` pays it up front for a long-running service. Fresh interpreters: this one has
+    scipy already."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    check = ("import sys; import modeler.fit, modeler.service, policy.service; "
+             "before = 'scipy.optimize' in sys.modules; modeler.fit.load_solver(); "
+             "print(before, 'scipy.optimize' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", check], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr

@@ -194,3 +194,20 @@ async def test_a_simulated_cluster_needs_a_fresh_data_dir(live_run, tmp_path):
         await plane.start()
     await plane.stop()
     assert main(["up", "--data-dir", str(tmp_path / "x"), "--sim-speed", "10"]) == 2
+
+
+async def test_a_live_control_plane_loads_the_solver_at_start_up(tmp_path, monkeypatch):
+    """The first online refit must not stall the shared event loop on the solver's import: `up` loads
+    it while the model services start, before they consume anything."""
+    import modeler.fit
+
+    loaded = []
+    monkeypatch.setattr(modeler.fit, "load_solver", lambda: loaded.append(True))
+    plane = ControlPlane(UpConfig(data_dir=tmp_path / "rk", nats_port=0, metrics_port=-1, sim_cluster="1x2",
+                                  tick_period_s=0))
+    try:
+        await plane.start()
+        await asyncio.wait_for(plane.models_ready.wait(), 60)
+        assert loaded == [True]
+    finally:
+        await plane.stop()
