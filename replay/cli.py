@@ -125,7 +125,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace = read_trace(args.trace, parts.batches, layout=args.layout, on_bad=args.on_bad, iter_time=iter_time)
     except TraceError as exc:
         print(f"rubick: trace refused: {exc}", file=sys.stderr)
-        print("(use --on-bad skip to leave bad lines out)", file=sys.stderr)
+        if exc.skippable:
+            print("(use --on-bad skip to leave bad lines out)", file=sys.stderr)
         return 2
     for problem in trace.skipped:
         print(f"skipped {problem}", file=sys.stderr)

@@ -58,18 +58,60 @@ def _number(rec: Mapping[str, str], col: str, *, integer: bool = False, default:
     return int(value) if integer else value
 
 
+def _open(path: Path):
+    """The file as text; bytes that are not UTF-8 are kept as surrogates, so that the line holding them
+    is reported (`_undecodable`) instead of the whole read failing."""
+    return open(path, newline="", encoding="utf-8", errors="surrogateescape")
+
+
+def _undecodable(fields: list[str]) -> bool:
+    return any("\udc80" <= ch <= "\udcff" for f in fields for ch in f)
+
+
+def _records(reader):
+    """(fields, problem) per line of a csv reader: a line the csv module cannot parse (a field over its
+    size limit) or that is not UTF-8 text is a problem of that line, and reading goes on."""
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield None, f"not a CSV line: {exc}"
+            continue
+        yield fields, ("not UTF-8 text" if _undecodable(fields) else None)
+
+
+def _first_line(path: Path) -> list[str] | None:
+    """The first line's fields (stripped), None for an empty file; a first line that cannot be read
+    refuses the file (it is the header, or a layout's first record)."""
+    with _open(path) as fh:
+        reader = csv.reader(fh)
+        for fields, problem in _records(reader):
+            if problem is not None:
+                raise TraceError(str(path), [TraceProblem(1, problem)])
+            return [c.strip() for c in fields]
+    return None
+
+
 def _rows(path: Path, header: tuple[str, ...] | None = None):
     """(line number, record, problem) for every data line; the header is line 1 unless given."""
-    with open(path, newline="") as fh:
+    with _open(path) as fh:
         reader = csv.reader(fh)
+        records = _records(reader)
         if header is None:
-            try:
-                header = tuple(c.strip() for c in next(reader))
-            except StopIteration:
-                raise TraceError(str(path), [TraceProblem(0, "empty file: no header line")]) from None
+            first = next(records, None)
+            if first is None:
+                raise TraceError(str(path), [TraceProblem(0, "empty file: no header line")])
+            if first[1] is not None:
+                raise TraceError(str(path), [TraceProblem(1, f"header: {first[1]}")])
+            header = tuple(c.strip() for c in first[0])
         yield header
-        for fields in reader:
+        for fields, problem in records:
             line = reader.line_num
+            if problem is not None:
+                yield line, None, problem
+                continue
             if not fields or all(not f.strip() for f in fields):
                 continue
             if len(fields) != len(header):
@@ -86,7 +128,7 @@ def _finish(path: Path, layout: str, jobs: list[TraceJob], problems: list[TraceP
     bad_lines = {p.line for p in later}
     problems = sorted(problems + later, key=lambda p: p.line)
     if problems and on_bad == "refuse":
-        raise TraceError(str(path), problems)
+        raise TraceError(str(path), problems, skippable=True)
     return Trace([j for j in good if j.line not in bad_lines], str(path), layout, problems)
 
 
@@ -160,11 +202,10 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     Jobs are ordered by submission time, then name.
     """
     path = Path(path)
-    with open(path, newline="") as fh:
-        first = next(csv.reader(fh), None)
+    first = _first_line(path)
     if first is None:
         raise TraceError(str(path), [TraceProblem(0, "empty file")])
-    has_header = "job_name" in [c.strip() for c in first]
+    has_header = "job_name" in first
     rows = _rows(path, None if has_header else PAI_COLUMNS)
     header = next(rows)
     missing = [c for c in PAI_COLUMNS if c not in header]
@@ -229,8 +270,7 @@ IMPORTERS: dict[str, Callable[..., Trace]] = {"artifact": read_artifact, "pai": 
 
 
 def detect_layout(path: str | Path) -> str:
-    with open(path, newline="") as fh:
-        first = [c.strip() for c in next(csv.reader(fh), [])]
+    first = _first_line(path) or []
     if "application" in first and "exec_plan" in first:
         return "artifact"
     if "job_name" in first or (len(first) == len(PAI_COLUMNS) and "plan_gpu" not in first):

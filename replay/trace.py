@@ -20,11 +20,17 @@ DEFAULT_TENANT = "default"
 
 
 class TraceError(ValueError):
-    """A trace that cannot be used (refused), with every problem found."""
+    """A trace that cannot be used (refused), with every problem found. `skippable`: the problems are
+    bad lines that `on_bad="skip"` would leave out; otherwise no line of the file can be used (no file,
+    no header, missing columns)."""
 
-    def __init__(self, path: str, problems: list["TraceProblem"]) -> None:
+    def __init__(self, path: str, problems: list["TraceProblem"], *, skippable: bool = False) -> None:
         self.path = path
         self.problems = problems
+        self.skippable = skippable
+        if not skippable and len(problems) == 1:
+            super().__init__(f"{path}: {problems[0]}")
+            return
         lines = "\n".join(f"  {p}" for p in problems[:50])
         more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
         super().__init__(f"{path}: {len(problems)} bad line(s)\n{lines}{more}")

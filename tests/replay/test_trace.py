@@ -89,6 +89,35 @@ def test_a_missing_column_refuses_the_file_even_when_skipping(tmp_path, parts):
         read_trace(path, parts.batches, on_bad="skip")
 
 
+def test_bytes_that_are_not_text_are_a_bad_line_not_a_crash(tmp_path, parts):
+    """A line with bytes that are not UTF-8, or a field the csv module will not read, is reported by
+    its number like any bad line (and can be skipped); the lines around it are still read."""
+    path = tmp_path / "mixed.csv"
+    huge = "x" * 200_000
+    path.write_bytes("\n".join([HEADER, "ok-0,0,100,vit,2,16,0,zero-dp,100,0",
+                                 "caf\xe9-1,5,100,vit,2,16,0,zero-dp,100,0".encode("latin-1").decode("utf-8", "surrogateescape"),
+                                 f"{huge},6,100,vit,2,16,0,zero-dp,100,0",
+                                 "ok-3,7,100,vit,2,16,0,zero-dp,100,1"]).encode("utf-8", "surrogateescape") + b"\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path, parts.batches)
+    lines = {p.line: p.reason for p in info.value.problems}
+    assert lines.keys() == {3, 4} and "not UTF-8" in lines[3] and "field" in lines[4]
+    assert info.value.skippable
+    trace = read_trace(path, parts.batches, on_bad="skip")
+    assert [j.name for j in trace.jobs] == ["ok-0", "ok-3"] and len(trace.skipped) == 2
+
+
+@pytest.mark.parametrize("content", [b"\x7fELF\x02\x01\x01\x00\xd0\xff,\x00\n\x93\x12", b""])
+def test_a_file_that_is_not_a_trace_is_refused_whole(tmp_path, parts, content):
+    path = tmp_path / "binary.csv"
+    path.write_bytes(content)
+    for layout in ("auto", "artifact", "pai"):
+        with pytest.raises(TraceError) as info:
+            read_trace(path, parts.batches, layout=layout, on_bad="skip")
+        assert not info.value.skippable and "bad line" not in str(info.value)
+        assert ("not UTF-8" if content else "empty file") in str(info.value)
+
+
 def test_ten_times_trace_rule(parts):
     base = read_trace(ARTIFACT / "workload-base.csv", parts.batches).jobs
     big = scale_trace(base, 10)
