@@ -94,99 +94,164 @@ def hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None:
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise Invalid("value not allowed", path, "one of " + ", ".join(map(str, choices)), _short(value))
-    if isinstance(value, str):
-        max_len, pattern = meta.get("max_len"), meta.get("pattern")
-        if max_len is not None and len(value) > max_len:
-            raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
-        if pattern is not None and not re.fullmatch(pattern, value):
-            raise Invalid("string does not match the pattern", path, pattern, _short(value))
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise Invalid("number must be finite", path, "a finite number", _short(value))
-        ge, gt, le = meta.get("ge"), meta.get("gt"), meta.get("le")
-        if ge is not None and value < ge:
-            raise Invalid("out of range", path, f">= {ge}", _short(value))
-        if gt is not None and value <= gt:
-            raise Invalid("out of range", path, f"> {gt}", _short(value))
-        if le is not None and value > le:
-            raise Invalid("out of range", path, f"<= {le}", _short(value))
+_BOUND_KEYS = ("choices", "max_len", "pattern", "ge", "gt", "le")
 
 
 def convert(tp: Any, value: Any, path: str, meta: typing.Mapping[str, Any] | None = None) -> Any:
     """Check `value` (as msgpack decoded it) against type `tp`; return the typed value."""
-    meta = meta or {}
+    return converter(tp, meta)(value, path)
+
+
+Converter = typing.Callable[[Any, str], Any]
+_CONVERTERS: dict[Any, Converter] = {}
+
+
+def converter(tp: Any, meta: typing.Mapping[str, Any] | None = None) -> Converter:
+    """`convert` for one type (and field metadata), worked out once: what to check is decided here,
+    not again for every value. Without metadata the result is cached per type."""
+    if meta and any(meta.get(k) is not None for k in _BOUND_KEYS):
+        return _compile(tp, meta)
+    conv = _CONVERTERS.get(tp)
+    if conv is None:
+        conv = _CONVERTERS[tp] = _compile(tp, {})
+    return conv
+
+
+def _compile(tp: Any, meta: typing.Mapping[str, Any]) -> Converter:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise Invalid("must not be nil", path, _type_name(tp), "nil")
+        nullable = type(None) in args
         inner = [a for a in args if a is not type(None)]
+        name = _type_name(tp)
         if len(inner) != 1:
-            raise TypeError(f"unsupported union at {path}")
-        return convert(inner[0], value, path, meta)
+            def inner_conv(value: Any, path: str) -> Any:
+                raise TypeError(f"unsupported union at {path}")
+        else:
+            inner_conv = _compile(inner[0], meta)
+
+        def union(value: Any, path: str) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise Invalid("must not be nil", path, name, "nil")
+            return inner_conv(value, path)
+        return union
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise Invalid("wrong type", path, _type_name(tp), _got(value))
         (item_tp,) = get_args(tp)[:1]
-        return tuple(convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+        item = converter(item_tp)
+        name = _type_name(tp)
+
+        def sequence(value: Any, path: str) -> Any:
+            if not isinstance(value, (list, tuple)):
+                raise Invalid("wrong type", path, name, _got(value))
+            return tuple([item(v, f"{path}[{i}]") for i, v in enumerate(value)])
+        return sequence
     if origin is dict:
         key_tp, val_tp = get_args(tp)
-        if not isinstance(value, dict):
-            raise Invalid("wrong type", path, _type_name(tp), _got(value))
-        out = {}
-        for k in sorted(value, key=str):
-            if not isinstance(k, key_tp):
-                raise Invalid("wrong key type", f"{path}.{_short(k, 20)}", _type_name(key_tp), _got(k))
-            out[k] = convert(val_tp, value[k], f"{path}.{k}")
-        return out
+        val = converter(val_tp)
+        name, key_name = _type_name(tp), _type_name(key_tp)
+
+        def mapping(value: Any, path: str) -> Any:
+            if not isinstance(value, dict):
+                raise Invalid("wrong type", path, name, _got(value))
+            out = {}
+            for k in sorted(value, key=str):
+                if not isinstance(k, key_tp):
+                    raise Invalid("wrong key type", f"{path}.{_short(k, 20)}", key_name, _got(k))
+                out[k] = val(value[k], f"{path}.{k}")
+            return out
+        return mapping
     if dataclasses.is_dataclass(tp):
-        return build(tp, value, path)
+        return lambda value, path: build(tp, value, path)
+    if tp is Any:
+        return lambda value, path: value
+    bounds = _bounds(meta)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise Invalid("wrong type", path, "number", _got(value))
-        value = float(value)
-    elif tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                raise Invalid("wrong type", path, "integer", _got(value))
-            raise Invalid("wrong type", path, "integer", _got(value))
-    elif tp is bool:
-        if not isinstance(value, bool):
-            raise Invalid("wrong type", path, "boolean", _got(value))
-    elif tp is str:
-        if not isinstance(value, str):
-            raise Invalid("wrong type", path, "string", _got(value))
-    elif tp is bytes:
-        if not isinstance(value, (bytes, bytearray)):
-            raise Invalid("wrong type", path, "binary", _got(value))
-        value = bytes(value)
-    elif tp is Any:
+        def number(value: Any, path: str) -> Any:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise Invalid("wrong type", path, "number", _got(value))
+            value = float(value)
+            if not math.isfinite(value):
+                raise Invalid("number must be finite", path, "a finite number", _short(value))
+            if bounds is not None:
+                bounds(value, path)
+            return value
+        return number
+    checks = {int: "integer", bool: "boolean", str: "string", bytes: "binary"}
+    if tp not in checks:
+        def unsupported(value: Any, path: str) -> Any:
+            raise TypeError(f"unsupported type {tp!r} at {path}")
+        return unsupported
+    expected = checks[tp]
+    accepted = (bytes, bytearray) if tp is bytes else tp
+
+    def plain(value: Any, path: str) -> Any:
+        if not isinstance(value, accepted) or (tp is int and isinstance(value, bool)):
+            raise Invalid("wrong type", path, expected, _got(value))
+        if tp is bytes:
+            value = bytes(value)
+        if bounds is not None:
+            bounds(value, path)
         return value
-    else:
-        raise TypeError(f"unsupported type {tp!r} at {path}")
-    _check_bounds(value, meta, path)
-    return value
+    return plain
 
 
-_PLANS: dict[type, tuple[frozenset[str], tuple[tuple[str, Any, Any, bool], ...], str]] = {}
+def _bounds(meta: typing.Mapping[str, Any]) -> Converter | None:
+    """The checks the field metadata asks for (`spec`: choices, max_len, pattern, ge, gt, le), or
+    None where it asks for none (a float's finiteness is checked by its converter)."""
+    choices, max_len, pattern, ge, gt, le = (meta.get(k) for k in _BOUND_KEYS)
+    if choices is None and max_len is None and pattern is None and ge is None and gt is None and le is None:
+        return None
+    rx = re.compile(pattern) if pattern is not None else None
+    numeric = ge is not None or gt is not None or le is not None
+
+    def check(value: Any, path: str) -> None:
+        if choices is not None and value not in choices:
+            raise Invalid("value not allowed", path, "one of " + ", ".join(map(str, choices)), _short(value))
+        if isinstance(value, str):
+            if max_len is not None and len(value) > max_len:
+                raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
+            if rx is not None and not rx.fullmatch(value):
+                raise Invalid("string does not match the pattern", path, pattern, _short(value))
+        elif numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise Invalid("number must be finite", path, "a finite number", _short(value))
+            if ge is not None and value < ge:
+                raise Invalid("out of range", path, f">= {ge}", _short(value))
+            if gt is not None and value <= gt:
+                raise Invalid("out of range", path, f"> {gt}", _short(value))
+            if le is not None and value > le:
+                raise Invalid("out of range", path, f"<= {le}", _short(value))
+    return check
+
+
+_PLANS: dict[type, tuple[frozenset[str], tuple[tuple[str, Any, Converter, Any, bool], ...], str]] = {}
 
 
 def _plan(cls: type):
     plan = _PLANS.get(cls)
     if plan is None:
         th = hints(cls)
-        items = tuple((f.name, th[f.name], f.metadata,
-                       f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+        items = []
+        for f in fields(cls):
+            tp, meta = th[f.name], f.metadata
+            constrained = any(meta.get(k) is not None for k in _BOUND_KEYS)
+            # a plain value of exactly the declared type with nothing to check is taken as it is
+            fast = tp if tp is not float and not constrained else _NEVER
+            items.append((f.name, tp, converter(tp, meta), fast,
+                          f.default is MISSING and f.default_factory is MISSING))
         names = frozenset(f.name for f in fields(cls))
-        plan = (names, items, ", ".join(sorted(names)))
+        plan = (names, tuple(items), ", ".join(sorted(names)))
         _PLANS[cls] = plan
     return plan
+
+
+class _Never:
+    """A type no value has (`type(v) is _NEVER` is never true)."""
+
+
+_NEVER = _Never
 
 
 def build(cls: type, data: Any, path: str = "") -> Any:
@@ -204,20 +269,13 @@ def build(cls: type, data: Any, path: str = "") -> Any:
                 raise Invalid("field names must be strings", path or "data", "string", _got(key))
             raise Invalid("unknown field", _join(path, key), "one of " + names_text, _short(data[key]))
     kwargs = {}
-    for name, tp, meta, required in items:
+    for name, tp, conv, fast, required in items:
         if name not in data:
             if required:
                 raise Invalid("missing required field", _join(path, name), _type_name(tp), "nothing")
             continue
         value = data[name]
-        vt = type(value)
-        # fast path: a plain value of exactly the declared type with nothing to check
-        if vt is tp and vt is not float and not (meta.get("ge") is not None or meta.get("gt") is not None
-                                                 or meta.get("le") is not None or meta.get("choices") is not None
-                                                 or meta.get("pattern") is not None or meta.get("max_len") is not None):
-            kwargs[name] = value
-        else:
-            kwargs[name] = convert(tp, value, _join(path, name), meta)
+        kwargs[name] = value if type(value) is fast else conv(value, f"{path}.{name}" if path else name)
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:

@@ -66,6 +66,29 @@ def test_precise_reasons(path, value, field, reason):
     assert err.value.reason == reason
 
 
+@pytest.mark.parametrize("subject,path,value,field,reason", [
+    ("plan.decided", ["data", "decisions", 0, "allocation", 0, "gpus"], "8", "data.decisions[0].allocation[0].gpus",
+     "wrong type"),
+    ("plan.decided", ["data", "decisions", 0, "allocation", 0, "gpus"], True, "data.decisions[0].allocation[0].gpus",
+     "wrong type"),
+    ("plan.decided", ["data", "decisions", 1, "plan"], 3, "data.decisions[1].plan", "wrong type"),
+    ("plan.decided", ["data", "decisions", 0, "allocation"], {"n": 1}, "data.decisions[0].allocation", "wrong type"),
+    ("plan.decided", ["data", "decisions", 0, "job_id"], None, "data.decisions[0].job_id", "wrong type"),
+    ("plan.decided", ["data", "decisions", 0, "detail", "gpu_slope"], 0.31, "data.decisions[0].detail.gpu_slope",
+     "wrong type"),
+    ("plan.decided", ["data", "decisions", 0, "predicted_throughput"], float("inf"),
+     "data.decisions[0].predicted_throughput", "number must be finite"),
+    ("model.updated", ["data", "params", "k_bwd"], "2.0", "data.params.k_bwd", "wrong type"),
+    ("model.updated", ["data", "params", 7], 1.0, "data.params.7", "wrong key type"),
+    ("model.updated", ["data", "params"], [1.0], "data.params", "wrong type"),
+])
+def test_precise_reasons_in_nested_values(subject, path, value, field, reason):
+    """Sequences, maps and optional values name the element that is wrong, as fields do."""
+    with pytest.raises(Invalid) as err:
+        decode(_mutated(subject, path, value))
+    assert (err.value.field, err.value.reason) == (field, reason)
+
+
 def test_cross_field_rules():
     base = PAYLOADS["job.submitted"]
     obj = to_plain(base)
