@@ -243,6 +243,8 @@ def format_result(result: VerifyResult, log_dir: Path) -> str:
             lines.append(f"    #{seq} t={t:.3f} {subject} id={eid} source={source}")
         lines.append(f"  recorded: {_show(d.recorded)}")
         lines.append(f"  replayed: {_show(d.replayed)}")
+        if result.problems:
+            lines.append("  (the log has the problems above: this difference may come from them, not from the cores)")
     elif result.ok:
         lines.append("OK: every recorded decision was reproduced")
     return "\n".join(lines)

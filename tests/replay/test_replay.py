@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -65,6 +66,34 @@ def test_a_changed_decision_is_caught_at_its_event(recorded, tmp_path):
     assert f"DIVERGED at event {target}" in text and "recorded:" in text and "replayed:" in text
     assert len(result.divergence.before) == 5 and result.divergence.before[-1][0] == target - 1
     assert "its bytes differ from the run's manifest" in text
+    assert "this difference may come from them" in text
+
+
+def test_a_difference_in_a_log_that_differs_from_its_manifest_is_not_blamed_on_the_cores(recorded, tmp_path, capsys):
+    """Exit 1 says the cores decide differently; a log that is not what the run wrote cannot say that:
+    exit 2, with the difference shown and the warning. Once the manifest agrees, it is exit 1."""
+    from controlplane.cli import main
+
+    d = copy_log(recorded, tmp_path)
+    [path] = sorted(d.glob("*.parquet"))
+    frame = pl.read_parquet(path)
+    idx = frame.filter(pl.col("subject") == "plan.decided")["seq"].to_list()[0] - 1
+    event = decode(frame["data"][idx], "plan.decided")
+    event = event.__class__(**{**event.__dict__, "payload": event.payload.__class__(
+        **{**event.payload.__dict__, "round": event.payload.round + 100})})
+    data = frame["data"].to_list()
+    data[idx] = encode(event)
+    frame.with_columns(pl.Series("data", data, dtype=pl.Binary)).write_parquet(path)
+    assert main(["replay", str(d)]) == 2
+    text = capsys.readouterr().out
+    assert "DIVERGED" in text and "this difference may come from them" in text
+
+    run = json.loads((d / "run.json").read_text())
+    run["files"][0]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (d / "run.json").write_text(json.dumps(run))
+    assert main(["replay", str(d)]) == 1
+    text = capsys.readouterr().out
+    assert "DIVERGED" in text and "problem:" not in text and "may come from them" not in text
 
 
 def test_a_missing_file_is_named_and_nothing_after_it_is_claimed(recorded, tmp_path):
