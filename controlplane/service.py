@@ -94,7 +94,9 @@ class ServiceShell:
                 now = time.monotonic()
                 if now - lag_checked > 5.0:
                     lag_checked = now
-                    metrics.CONSUMER_LAG.labels(self.name).set(await consumer.lag())
+                    lag = await consumer.lag()
+                    if lag is not None:
+                        metrics.CONSUMER_LAG.labels(self.name).set(lag)
         finally:
             await consumer.close()
 

@@ -55,8 +55,9 @@ class Consumer(abc.ABC):
         """Up to `batch` messages; waits at most `timeout` s when none is ready (then returns [])."""
 
     @abc.abstractmethod
-    async def lag(self) -> int:
-        """Messages stored but not yet acknowledged by this consumer."""
+    async def lag(self) -> int | None:
+        """Messages stored but not yet acknowledged by this consumer; None when the server cannot
+        say now (an outage): the number only feeds a metric, and its caller must keep running."""
 
     @abc.abstractmethod
     async def ack_floor(self) -> int:

@@ -284,8 +284,12 @@ class _JetStreamConsumer(Consumer):
                 self._take(q.get_nowait(), out)
         return out
 
-    async def lag(self) -> int:
-        info = await self.sub.consumer_info()
+    async def lag(self) -> int | None:
+        try:
+            info = await self.sub.consumer_info()
+        except (nats.errors.Error, asyncio.TimeoutError, OSError) as exc:  # the server is away or slow
+            log.debug("consumer lag not known now: %s", exc)
+            return None
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     async def ack_floor(self) -> int:

@@ -75,7 +75,9 @@ class Recorder:
                 now = time.monotonic()
                 if now - lag_checked > 5.0:
                     lag_checked = now
-                    metrics.CONSUMER_LAG.labels("recorder").set(await consumer.lag())
+                    lag = await consumer.lag()
+                    if lag is not None:
+                        metrics.CONSUMER_LAG.labels("recorder").set(lag)
             # drain what is already stored before stopping: nothing acked is left behind
             while True:
                 msgs = await consumer.fetch(self.cfg.fetch_batch, timeout=0.2)

@@ -125,3 +125,28 @@ async def test_nats_server_killed_mid_stream(tmp_path):
     frame = scan(log_dir, ["msg_id"]).frame
     assert_exactly_once(frame, acked)
     assert frame.height == N
+
+
+async def test_a_consumer_asked_for_its_lag_during_an_outage_says_unknown_and_recovers(tmp_path):
+    """The recorder and every service read their consumer's lag every few seconds for a metric. A read
+    that lands while the server is down used to raise out of their loop and stop them; it now answers
+    None, and the real figure once the server is back."""
+    server = NatsServer(tmp_path / "nats").start()
+    port = server.port
+    bus = await JetStreamBus.connect(server.url)
+    try:
+        await bus.publish_many(messages(0, 5))
+        consumer = await bus.consumer("lagger", (">",))
+        assert await consumer.lag() == 5
+        server.kill()  # kill -9, store folder kept
+        assert await consumer.lag() is None
+        server = await asyncio.to_thread(NatsServer(tmp_path / "nats", port=port).start)
+        deadline = time.monotonic() + 30
+        lag = None
+        while lag is None and time.monotonic() < deadline:
+            lag = await consumer.lag()
+            await asyncio.sleep(0.2)
+        assert lag == 5
+    finally:
+        await bus.close()
+        server.stop()
