@@ -65,7 +65,14 @@ def _open(path: Path):
 
 
 def _undecodable(fields: list[str]) -> bool:
-    return any("\udc80" <= ch <= "\udcff" for f in fields for ch in f)
+    """Whether a field holds bytes that were not UTF-8 (surrogates, which strict UTF-8 cannot encode)."""
+    for f in fields:
+        if not f.isascii():
+            try:
+                f.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _records(reader):
