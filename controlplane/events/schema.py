@@ -226,6 +226,10 @@ def _bounds(meta: typing.Mapping[str, Any]) -> Converter | None:
     return check
 
 
+class _Never:
+    """A type no value has: the fast-path type of a field that always needs its converter."""
+
+
 _PLANS: dict[type, tuple[frozenset[str], tuple[tuple[str, Any, Converter, Any, bool], ...], str]] = {}
 
 
@@ -238,20 +242,13 @@ def _plan(cls: type):
             tp, meta = th[f.name], f.metadata
             constrained = any(meta.get(k) is not None for k in _BOUND_KEYS)
             # a plain value of exactly the declared type with nothing to check is taken as it is
-            fast = tp if tp is not float and not constrained else _NEVER
+            fast = tp if tp is not float and not constrained else _Never
             items.append((f.name, tp, converter(tp, meta), fast,
                           f.default is MISSING and f.default_factory is MISSING))
         names = frozenset(f.name for f in fields(cls))
         plan = (names, tuple(items), ", ".join(sorted(names)))
         _PLANS[cls] = plan
     return plan
-
-
-class _Never:
-    """A type no value has (`type(v) is _NEVER` is never true)."""
-
-
-_NEVER = _Never
 
 
 def build(cls: type, data: Any, path: str = "") -> Any:
@@ -275,7 +272,7 @@ def build(cls: type, data: Any, path: str = "") -> Any:
                 raise Invalid("missing required field", _join(path, name), _type_name(tp), "nothing")
             continue
         value = data[name]
-        kwargs[name] = value if type(value) is fast else conv(value, f"{path}.{name}" if path else name)
+        kwargs[name] = value if type(value) is fast else conv(value, _join(path, name))
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:
