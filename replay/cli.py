@@ -69,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--only", help="comma-separated cores to rebuild (admission, modeler, policy; default all); "
                                   "the others' recorded answers become inputs")
     v.add_argument("--context", type=int, default=5, help="events shown before a divergence (default 5)")
+    v.add_argument("--jobs", type=int, help="processes checking the cores side by side (default: one per CPU, "
+                                            "at most one per core; 1 checks them all in this process)")
     v.set_defaults(func=cmd_replay)
 
 
@@ -215,7 +217,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0 if not problems else 2
     only = tuple(n.strip() for n in args.only.split(",") if n.strip()) if args.only else None
     try:
-        result = verify(args.log, context=args.context, only=only)
+        result = verify(args.log, context=args.context, only=only, jobs=args.jobs)
     except ValueError as exc:
         return fail(str(exc))
     print(format_result(result, args.log))

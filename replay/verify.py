@@ -9,6 +9,10 @@ is then delivered to the cores that subscribe to it, as in the run. Everything e
 an input. The first difference stops the check; it is reported with both versions and the events
 just before it.
 
+Each core's answers depend only on the log, so the cores can be checked in processes of their own
+(`jobs`, Linux: forked after the log is read) and their first differences merged: the result is the
+same as a check in one process.
+
 A missing or unreadable file, or a file whose bytes differ from the run's manifest, is reported by
 name; the check stops at the first gap in the stream and says which decisions it could not check.
 
@@ -24,7 +28,12 @@ are then reported as not recorded, not as a difference.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import os
+import pickle
+import sys
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +75,8 @@ class VerifyResult:
     """Time from the first to the last event fed."""
     notes: list[str] = field(default_factory=list)
     """What was not compared, and why (not a difference)."""
+    processes: int = 1
+    """Processes that checked the cores side by side."""
 
     @property
     def ok(self) -> bool:
@@ -122,10 +133,145 @@ def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult,
     return out
 
 
+@dataclass
+class _Walk:
+    """What walking the recorded stream with some of the cores found. Positions are indexes into the
+    recorded list, so walks of different cores over the same stream can be merged."""
+
+    checked: list[tuple[int, str]] = field(default_factory=list)
+    """(position, base subject) of each answer compared and equal."""
+    divergence: tuple[int, str, Any, Any] | None = None
+    """(position, core, recorded, replayed) of the first answer that differs."""
+    leftovers: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    """Core -> (count, first) of its answers to the last events that are not in the log."""
+
+
+@dataclass(frozen=True)
+class _Stream:
+    recorded: list[tuple[int, Event, bytes]]
+    limit: dict[str, int] | None
+    undecodable: dict[int, tuple[str, bytes, Invalid]] | None
+    answers_bad_bytes: bool
+    sources: dict[str, list[str]]
+
+
+def _walk(stream: _Stream, cores: list[Any]) -> _Walk:
+    """Feed the recorded stream to `cores` and compare their answers with the recorded ones, up to the
+    first difference. The other cores' recorded answers are inputs, so each core's answers depend only
+    on the log: the cores can be walked apart and the walks merged."""
+    walk = _Walk()
+    owner = {src: c.name for c in cores for src in stream.sources.get(c.name, [])}
+    routes: dict[str, list[Any]] = {}
+    produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
+    limit, undecodable = stream.limit, stream.undecodable
+    admission = stream.answers_bad_bytes and any(c.name == "admission" for c in cores)
+    for i, (seq, event, data) in enumerate(stream.recorded):
+        core = owner.get(event.source)
+        refused = _refused_seq(event) if admission and core == "admission" else None
+        if refused is not None and refused in undecodable:
+            subject, bad, exc = undecodable[refused]
+            mine_bytes = _shell_rejection(subject, bad, refused, exc, event.time)
+            if mine_bytes != data:
+                walk.divergence = (i, "admission", _plain(data), None if mine_bytes is None else _plain(mine_bytes))
+                return walk
+            walk.checked.append((i, event.base))
+        elif core is not None:
+            queue = produced[core]
+            mine_bytes = queue.popleft()[1] if queue else None
+            if mine_bytes != data:
+                walk.divergence = (i, core, _plain(data), None if mine_bytes is None else _plain(mine_bytes))
+                return walk
+            walk.checked.append((i, event.base))
+        base = event.base
+        subs = routes.get(base)
+        if subs is None:
+            subs = routes[base] = [c for c in cores if matches_any(c.subjects, base)]
+        for c in subs:
+            if limit is not None and seq > limit[c.name]:
+                continue  # the run stopped before this core handled it
+            for out in c.handle(event):
+                produced[c.name].append((out, encode(out)))
+    walk.leftovers = {name: (len(q), _plain(q[0][1])) for name, q in produced.items() if q}
+    return walk
+
+
+def _weight(core: Any) -> int:
+    """How long a core's check takes, roughly: the policy's rounds, then the modeler's refits."""
+    return {"policy": 3, "modeler": 2}.get(core.name, 1)
+
+
+def _groups(cores: list[Any], jobs: int) -> list[list[Any]]:
+    """At most `jobs` groups of cores, the heaviest first, each core to the lightest group so far."""
+    groups: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(cores))))]
+    for core in sorted(cores, key=_weight, reverse=True):
+        min(groups, key=lambda g: sum(map(_weight, g))).append(core)
+    return [sorted(g, key=cores.index) for g in groups if g]
+
+
+def default_jobs() -> int:
+    """Processes a check may use: one per CPU this process may run on, where the cores can be forked with
+    the log already read (Linux); else 1."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return len(os.sched_getaffinity(0))
+
+
+def _child(conn: Any, stream: _Stream, cores: list[Any]) -> None:
+    try:
+        answer: tuple[str, Any] = ("ok", _walk(stream, cores))
+    except BaseException as exc:  # handed to the parent, which raises it
+        text = traceback.format_exc()
+        try:
+            pickle.loads(pickle.dumps(exc))
+        except Exception:
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        answer = ("error", (exc, text))
+    conn.send(answer)
+    conn.close()
+
+
+def _walk_apart(stream: _Stream, groups: list[list[Any]]) -> list[_Walk]:
+    """The first group in this process, each other one in a forked child (which inherits the decoded
+    log and the built cores, so nothing is read or built twice)."""
+    ctx = multiprocessing.get_context("fork")
+    children = []
+    try:
+        for group in groups[1:]:
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, stream, group), daemon=True)
+            proc.start()
+            send.close()
+            children.append((group, proc, recv))
+        walks = [_walk(stream, groups[0])]
+        for group, proc, recv in children:
+            names = ", ".join(c.name for c in group)
+            try:
+                status, value = recv.recv()
+            except EOFError:
+                proc.join()
+                raise RuntimeError(f"the check of the {names} core(s) stopped without an answer "
+                                   f"(exit code {proc.exitcode})") from None
+            if status == "error":
+                exc, text = value
+                exc.add_note(f"raised while checking the {names} core(s), in a child process:\n{text}")
+                raise exc
+            walks.append(value)
+        return walks
+    finally:
+        for _, proc, recv in children:
+            recv.close()
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+
+
 def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, context: int = 5,
-           only: tuple[str, ...] | None = None) -> VerifyResult:
+           only: tuple[str, ...] | None = None, jobs: int | None = None) -> VerifyResult:
     """Check the run in `log_dir`. `only` names the cores to rebuild (e.g. `("policy",)`); the recorded
-    answers of the others are then inputs like the rest (faster: the modeler's refits are not redone)."""
+    answers of the others are then inputs like the rest (faster: the modeler's refits are not redone).
+    `jobs` is how many processes check the cores at once (default `default_jobs()`): each core's
+    answers depend on the log alone, so the policy's check and the modeler's can run side by side; the
+    result is the same as with one."""
     t0 = time.perf_counter()
     log_dir = Path(log_dir)
     result = VerifyResult()
@@ -145,62 +291,43 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
         if unknown:
             raise ValueError(f"no core named {', '.join(unknown)} (cores: {', '.join(c.name for c in cores)})")
         cores = [c for c in cores if c.name in only]
-    owner = {src: c.name for c in cores for src in run["sources"].get(c.name, [])}
-    routes: dict[str, list[Any]] = {}
-    produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     result.live = run.get("kind") == "live"
     undecodable: dict[int, tuple[str, bytes, Invalid]] | None = {} if result.live else None
     consumed = run.get("consumed") if result.live else None
     limit = {c.name: int(consumed.get(c.name, 0)) for c in cores} if consumed is not None else None
-    answers_bad_bytes = result.live and any(c.name == "admission" for c in cores)
     recorded = load_recorded(log_dir, run, result, undecodable)
     result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
-    window: deque[tuple[int, float, str, str, str]] = deque(maxlen=context)
-    first_time = recorded[0][1].time if recorded else 0.0
-    for seq, event, data in recorded:
-        core = owner.get(event.source)
-        refused = _refused_seq(event) if answers_bad_bytes and core == "admission" else None
-        if refused is not None and refused in undecodable:
-            subject, bad, exc = undecodable[refused]
-            mine_bytes = _shell_rejection(subject, bad, refused, exc, event.time)
-            if mine_bytes != data:
-                result.divergence = Divergence(seq, "admission", _plain(data),
-                                               None if mine_bytes is None else _plain(mine_bytes), list(window))
-                break
-            result.checked[event.base] = result.checked.get(event.base, 0) + 1
-        elif core is not None:
-            queue = produced[core]
-            mine, mine_bytes = queue.popleft() if queue else (None, None)
-            if mine_bytes != data:
-                result.divergence = Divergence(seq, core, _plain(data),
-                                               None if mine_bytes is None else _plain(mine_bytes), list(window))
-                break
-            result.checked[event.base] = result.checked.get(event.base, 0) + 1
-        base = event.base
-        subs = routes.get(base)
-        if subs is None:
-            subs = routes[base] = [c for c in cores if matches_any(c.subjects, base)]
-        for c in subs:
-            if limit is not None and seq > limit[c.name]:
-                continue  # the run stopped before this core handled it
-            for out in c.handle(event):
-                produced[c.name].append((out, encode(out)))
-        window.append((seq, event.time, event.subject, event.id, event.source))
-        result.events += 1
-        result.simulated_s = event.time
-        result.span_s = event.time - first_time
+    stream = _Stream(recorded, limit, undecodable, result.live, run["sources"])
+    groups = _groups(cores, default_jobs() if jobs is None else jobs)
+    walks = [_walk(stream, groups[0])] if len(groups) == 1 else _walk_apart(stream, groups)
+    result.processes = len(groups)
+
+    first = min((w.divergence for w in walks if w.divergence is not None), key=lambda d: d[0], default=None)
+    fed = len(recorded) if first is None else first[0]
+    for w in walks:
+        for i, base in w.checked:
+            if i < fed:
+                result.checked[base] = result.checked.get(base, 0) + 1
+    before = [(seq, e.time, e.subject, e.id, e.source) for seq, e, _ in recorded[max(0, fed - context):fed]]
+    if first is not None:
+        i, core, recorded_answer, replayed = first
+        result.divergence = Divergence(recorded[i][0], core, recorded_answer, replayed, before)
+    result.events = fed
+    if fed:
+        result.simulated_s = recorded[fed - 1][1].time
+        result.span_s = result.simulated_s - recorded[0][1].time
     if result.divergence is None and result.unchecked_from_seq is None:
-        for name, queue in produced.items():
-            if not queue:
-                continue
+        leftovers = {name: left for w in walks for name, left in w.leftovers.items()}
+        for name in (c.name for c in cores if c.name in leftovers):
+            count, extra = leftovers[name]
             if result.live and consumed is None:
-                result.notes.append(f"{len(queue)} answer(s) of the {name} core to the last events are not in the "
+                result.notes.append(f"{count} answer(s) of the {name} core to the last events are not in the "
                                     "log (the run did not stop cleanly, so they may never have been given); "
                                     "not compared")
                 continue
-            extra, data = queue[0]
-            result.divergence = Divergence((recorded[-1][0] if recorded else 0) + 1, name, None, _plain(data),
-                                           list(window))
+            result.divergence = Divergence((recorded[-1][0] if recorded else 0) + 1, name, None, extra, before)
             break
     if result.live and consumed is None and result.unchecked_from_seq is None:
         result.notes.append("run.json has no record of what each core had handled (the run did not stop "
@@ -227,7 +354,8 @@ def _shell_rejection(subject: str, data: bytes, seq: int, exc: Invalid, t: float
 def format_result(result: VerifyResult, log_dir: Path) -> str:
     span = (f"a live run spanning {result.span_s:,.0f} s of its clock" if result.live
             else f"{result.simulated_s / 3600:.1f} simulated hours")
-    lines = [f"replay of {log_dir}: {result.events} events fed in {result.seconds:.2f} s ({span})"]
+    procs = f", {result.processes} processes" if result.processes > 1 else ""
+    lines = [f"replay of {log_dir}: {result.events} events fed in {result.seconds:.2f} s ({span}{procs})"]
     for p in result.problems:
         lines.append(f"problem: {p}")
     for n in result.notes:

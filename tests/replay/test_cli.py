@@ -27,8 +27,14 @@ def test_simulate_report_and_replay(tmp_path, capsys):
     for png in ("jct_cdf.png", "utilisation.png", "timeline-rubick.png", "timeline-antman.png"):
         data = (tmp_path / "rep" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    assert main(["replay", str(runs / "rubick" / "events")]) == 0
-    assert "OK: every recorded decision was reproduced" in capsys.readouterr().out
+    assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "OK: every recorded decision was reproduced" in printed and "3 processes)" in printed
+    assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "OK: every recorded decision was reproduced" in printed and "processes" not in printed
+    assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "0"]) == 2
+    assert "jobs must be at least 1" in capsys.readouterr().err
     assert main(["replay", str(runs / "rubick" / "events"), "--policy", "equal", "--out", str(tmp_path / "wi")]) == 0
     assert json.loads((tmp_path / "wi" / "summary.json").read_text())["config"]["policy"] == "equal"
 

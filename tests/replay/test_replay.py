@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import shutil
 
 import polars as pl
@@ -148,3 +150,77 @@ def test_runs_recorded_before_batching_and_holding_are_rebuilt_without_them():
     cfg = RunConfig.from_json(old)
     assert cfg.batch_s == 0.0 and cfg.hold_s == 0.0
     assert RunConfig.from_json(RunConfig(policy="rubick").to_json()) == RunConfig(policy="rubick")
+
+
+def _change_answers(d, changes):
+    """Rewrite recorded answers in place: {subject: (which one of them, payload field, new value from old)}."""
+    [path] = sorted(d.glob("*.parquet"))
+    frame = pl.read_parquet(path)
+    data = frame["data"].to_list()
+    targets = {}
+    for subject, (which, field, new) in changes.items():
+        seq = frame.filter(pl.col("subject") == subject)["seq"].to_list()[which]
+        event = decode(data[seq - 1], subject)
+        payload = dataclasses.replace(event.payload, **{field: new(getattr(event.payload, field))})
+        data[seq - 1] = encode(dataclasses.replace(event, payload=payload))
+        targets[subject] = seq
+    frame.with_columns(pl.Series("data", data, dtype=pl.Binary)).write_parquet(path)
+    return targets
+
+
+def _as_compared(result):
+    d = result.divergence
+    return (result.checked, result.events, result.simulated_s, result.span_s, result.problems, result.notes,
+            None if d is None else (d.seq, d.core, d.recorded, d.replayed, d.before))
+
+
+@pytest.mark.parametrize("first", ["model.updated", "plan.decided"])
+def test_cores_checked_in_parallel_processes_give_the_result_of_one(recorded, tmp_path, first):
+    """Each core's check runs in a process of its own (the policy here, the modeler and the admission
+    core in forked children); a difference in each of two cores is planted, and the one earlier in the
+    stream is reported, with the same counts and context as a check in one process."""
+    d = copy_log(recorded, tmp_path)
+    frame = pl.read_parquet(sorted(d.glob("*.parquet"))[0])
+    updated = frame.filter(pl.col("subject") == "model.updated")["seq"].to_list()
+    decided = frame.filter(pl.col("subject") == "plan.decided")["seq"].to_list()
+    assert updated, "the recorded run has no refit to change"
+    before, after = [s for s in decided if s < updated[0]], [s for s in decided if s > updated[-1]]
+    which = decided.index(after[0] if first == "model.updated" else before[-1])
+    targets = _change_answers(d, {"model.updated": (0, "rmsle", lambda r: r + 1.0),
+                                  "plan.decided": (which, "round", lambda r: r + 100)})
+    one = verify(d, jobs=1)
+    assert one.divergence.seq == targets[first] and one.divergence.core == {"model.updated": "modeler",
+                                                                            "plan.decided": "policy"}[first]
+    for jobs in (2, 3):
+        assert _as_compared(verify(d, jobs=jobs)) == _as_compared(one)
+
+
+def test_a_clean_log_checked_in_parallel_processes_checks_every_answer(recorded):
+    d, out = recorded
+    one, three = verify(d / "events", jobs=1), verify(d / "events", jobs=3)
+    assert one.ok and three.ok and _as_compared(three) == _as_compared(one)
+    assert three.checked["plan.decided"] == out.summary["plan_decided"]
+    assert three.checked["model.updated"] == out.summary["events"]["model.updated"] > 0
+
+
+def test_a_core_failing_in_a_child_process_is_raised_with_where_it_failed(recorded, monkeypatch):
+    from modeler.service import ModelerCore
+
+    def boom(self, event):
+        raise KeyError("planted")
+
+    monkeypatch.setattr(ModelerCore, "handle", boom)
+    with pytest.raises(KeyError, match="planted") as info:
+        verify(recorded[0] / "events", jobs=2)
+    assert any("modeler" in note and "boom" in note for note in info.value.__notes__)
+
+
+def test_a_child_process_that_dies_is_reported_not_waited_for(recorded, monkeypatch):
+    from modeler.service import ModelerCore
+
+    monkeypatch.setattr(ModelerCore, "handle", lambda self, event: os._exit(7))
+    with pytest.raises(RuntimeError, match=r"check of the admission, modeler core\(s\) stopped without an answer "
+                                           r"\(exit code 7\)"):
+        verify(recorded[0] / "events", jobs=2)
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        verify(recorded[0] / "events", jobs=0)
