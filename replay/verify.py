@@ -151,7 +151,8 @@ class _Stream:
     recorded: list[tuple[int, Event, bytes]]
     limit: dict[str, int] | None
     undecodable: dict[int, tuple[str, bytes, Invalid]] | None
-    answers_bad_bytes: bool
+    live: bool
+    """A live run: its admission core answered bytes that are not a valid event (`undecodable`)."""
     sources: dict[str, list[str]]
 
 
@@ -164,7 +165,7 @@ def _walk(stream: _Stream, cores: list[Any]) -> _Walk:
     routes: dict[str, list[Any]] = {}
     produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
     limit, undecodable = stream.limit, stream.undecodable
-    admission = stream.answers_bad_bytes and any(c.name == "admission" for c in cores)
+    admission = stream.live and any(c.name == "admission" for c in cores)
     for i, (seq, event, data) in enumerate(stream.recorded):
         core = owner.get(event.source)
         refused = _refused_seq(event) if admission and core == "admission" else None
