@@ -4,7 +4,8 @@ Per run it reads `summary.json` (the table, the JCT CDF) and, for the time plots
 (`events/`). Plots written:
 
 - `jct_cdf.png`: JCT CDF per run;
-- `utilisation.png`: GPU utilisation (GPUs held / cluster GPUs) and queue length over time, per run;
+- `utilisation.png`: GPU utilisation (GPUs held / cluster GPUs) and queue length over time, per run,
+  as time-weighted means over windows (about 80 over the longest run);
 - `timeline-<run>.png`: per-job timeline of plans (one row per job by submission; colour = plan,
   pale = restarting).
 """
@@ -76,6 +77,33 @@ def held_series(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     return times, held
 
 
+def window_means(times: np.ndarray, values: np.ndarray, width: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, means): the time-weighted mean of a step function (`values[i]` from `times[i]` to the next
+    time, 0 before the first) over windows of `width` seconds from 0 to `end` (the last one may be
+    shorter)."""
+    edges = np.append(np.arange(0.0, end, width), end)
+    t, v = np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    if not len(t):
+        return edges, np.zeros(len(edges) - 1)
+    area = np.concatenate([[0.0], np.cumsum(v[:-1] * np.diff(t))])  # the integral up to each step
+    k = np.searchsorted(t, edges, side="right") - 1
+    at = np.maximum(k, 0)
+    integral = np.where(k >= 0, area[at] + v[at] * (edges - t[at]), 0.0)
+    return edges, np.diff(integral) / np.diff(edges)
+
+
+WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400)
+
+
+def _window(span_s: float, count: int = 80) -> float:
+    """A round window length giving about `count` windows over `span_s`."""
+    return float(next((w for w in WINDOWS_S if w >= span_s / count), WINDOWS_S[-1]))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
 def _plan_family(code: str) -> str:
     if "-tp1-pp1-" not in code:
         return "3D (TP/PP)"
@@ -122,14 +150,23 @@ def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -
         log = Path(run) / EVENTS_DIR
         timelines.append(build(read_events(log).events) if log.is_dir() else None)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    series = []
     for label, tl in zip(labels, timelines):
         if tl is None or not tl.total_gpus:
             continue
         t, held = held_series(tl)
-        ax1.step(t / 3600, held / tl.total_gpus, where="post", label=label, lw=0.8)
-        if tl.queue:
-            q = np.array(tl.queue)
-            ax2.step(q[:, 0] / 3600, q[:, 1], where="post", label=label, lw=0.8)
+        q = np.array(tl.queue, dtype=np.float64).reshape(-1, 2)
+        series.append((label, t, held / tl.total_gpus, q))
+    span = max((max(t[-1] if len(t) else 0.0, q[-1, 0] if len(q) else 0.0) for _, t, _, q in series), default=0.0)
+    width = _window(span)
+    for label, t, util, q in series:  # every step of a day's run is a blur: time-weighted means per window
+        if len(t):
+            edges, means = window_means(t, util, width, t[-1])
+            ax1.stairs(means, edges / 3600, label=label, lw=1.2)
+        if len(q):
+            edges, means = window_means(q[:, 0], q[:, 1], width, q[-1, 0])
+            ax2.stairs(means, edges / 3600, label=label, lw=1.2)
+    ax1.set_title(f"GPU utilisation and jobs waiting: time-weighted mean per {_duration(width)}", fontsize=10)
     ax1.set_ylabel("GPU utilisation (held)")
     ax1.grid(alpha=0.3)
     ax1.legend(fontsize=8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -121,3 +122,19 @@ def test_held_gpus_never_exceed_the_cluster(rubick_runs):
     _, held = held_series(tl)
     assert tl.total_gpus == 16 and 0 < held.max() <= 16 and held.min() >= 0
     assert all(s.end > s.start for job in tl.jobs.values() for s in job.segments)
+
+
+def test_window_means_weigh_a_step_function_by_time():
+    """The utilisation plot shows time-weighted means over windows, not every step."""
+    from replay.report import window_means
+
+    # 4 GPUs from 0 to 30 s, 8 from 30 to 90 s, 0 after; windows of 60 s
+    edges, means = window_means(np.array([0.0, 30.0, 90.0]), np.array([4.0, 8.0, 0.0]), 60.0, end=120.0)
+    assert edges.tolist() == [0.0, 60.0, 120.0]
+    assert means.tolist() == [(4 * 30 + 8 * 30) / 60, 8 * 30 / 60]
+    # nothing before the first step; the last window stops at `end`
+    edges, means = window_means(np.array([10.0, 20.0]), np.array([6.0, 3.0]), 15.0, end=40.0)
+    assert edges.tolist() == [0.0, 15.0, 30.0, 40.0]
+    assert means.tolist() == [6 * 5 / 15, (6 * 5 + 3 * 10) / 15, 3.0]
+    edges, means = window_means(np.array([]), np.array([]), 10.0, end=0.0)
+    assert len(means) == 0
