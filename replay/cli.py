@@ -180,7 +180,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(format_table(table_rows(runs, summaries)))
     if not args.no_plots:
         out = args.out or runs[0].parent / "report"
-        for path in plot(runs, summaries, out):
+        for path in plot(runs, summaries, out, warn=lambda message: print(f"warning: {message}", file=sys.stderr)):
             print(f"wrote {path}")
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -118,7 +118,10 @@ FAMILY_COLOURS = {"DP": "tab:blue", "DP+GC": "tab:cyan", "ZeRO-DP": "tab:green",
                   "3D (TP/PP)": "tab:red"}
 
 
-def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path,
+         warn: Callable[[str], None] = lambda message: None) -> list[Path]:
+    """Write the plots to `out`; `warn` is told what the time plots leave out (a run without an event
+    log, a log file that cannot be read, rows that are not valid events)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,7 +151,18 @@ def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -
     timelines = []
     for run in runs:
         log = Path(run) / EVENTS_DIR
-        timelines.append(build(read_events(log).events) if log.is_dir() else None)
+        if not log.is_dir():
+            warn(f"{run}: no event log ({EVENTS_DIR}/): left out of the time plots")
+            timelines.append(None)
+            continue
+        decoded = read_events(log)
+        for path, why in decoded.problems:
+            warn(f"{path}: {why}; the time plots of {run} show the rest of its log")
+        if decoded.undecodable:
+            seq, subject, why = decoded.undecodable[0]
+            warn(f"{log}: {len(decoded.undecodable)} row(s) that are not valid events left out of the time plots "
+                 f"(the first: event {seq} on {subject}: {why})")
+        timelines.append(build(decoded.events))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     series = []
     for label, tl in zip(labels, timelines):
@@ -169,7 +183,10 @@ def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -
     ax1.set_title(f"GPU utilisation and jobs waiting: time-weighted mean per {_duration(width)}", fontsize=10)
     ax1.set_ylabel("GPU utilisation (held)")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    if series:
+        ax1.legend(fontsize=8)
+    else:
+        ax1.text(0.5, 0.5, "no event log could be read", ha="center", va="center", transform=ax1.transAxes)
     ax2.set_ylabel("jobs waiting")
     ax2.set_xlabel("time (hours)")
     ax2.grid(alpha=0.3)
@@ -179,8 +196,8 @@ def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path) -
     plt.close(fig)
 
     for label, tl in zip(labels, timelines):
-        if tl is None:
-            continue
+        if tl is None or not tl.jobs:
+            continue  # nothing read (named above): no empty timeline
         jobs = sorted(tl.jobs.values(), key=lambda j: (j.submitted, j.job_id))
         fig, ax = plt.subplots(figsize=(11, max(4.0, min(40.0, len(jobs) * 0.03))))
         lines, colours, widths = [], [], []

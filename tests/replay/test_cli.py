@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+
+import polars as pl
 
 from controlplane.cli import main
 
@@ -76,3 +79,32 @@ def test_artifact_costs_and_quotas_reach_the_run(tmp_path, capsys):
     assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--quotas", str(quotas),
                  "--out", str(tmp_path / "bad")]) == 2
     assert "quotas must map tenant names" in capsys.readouterr().err
+
+
+def test_a_report_on_a_damaged_log_names_what_its_plots_leave_out(tmp_path, capsys):
+    """The table comes from summary.json; the time plots from the event log. A truncated log file or a
+    missing log folder is named, and the plots are drawn from what could be read."""
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=8)
+    runs = tmp_path / "runs"
+    assert main(["simulate", "--trace", str(trace), "--policies", "rubick,sia", "--out", str(runs)]) == 0
+    capsys.readouterr()
+    shutil.copytree(runs / "rubick", runs / "garbled")
+    [garbled] = sorted((runs / "garbled" / "events").glob("*.parquet"))
+    frame = pl.read_parquet(garbled)
+    frame.with_columns(pl.when(pl.col("seq") == 3).then(pl.lit(b"\xc1")).otherwise(pl.col("data"))
+                       .alias("data")).write_parquet(garbled)
+    [log_file] = sorted((runs / "rubick" / "events").glob("*.parquet"))
+    log_file.write_bytes(log_file.read_bytes()[:4000])
+    for f in (runs / "sia" / "events").iterdir():
+        f.unlink()
+    (runs / "sia" / "events").rmdir()
+    assert main(["report", str(runs / "rubick"), str(runs / "sia"), str(runs / "garbled"),
+                 "--out", str(tmp_path / "rep")]) == 0
+    captured = capsys.readouterr()
+    assert "rubick" in captured.out and "sia" in captured.out  # the table is whole
+    assert f"warning: {runs / 'garbled' / 'events'}: 1 row(s) that are not valid events left out" in captured.err
+    assert (tmp_path / "rep" / "timeline-garbled.png").is_file()
+    assert f"warning: {log_file}: unreadable Parquet" in captured.err
+    assert f"warning: {runs / 'sia'}: no event log" in captured.err
+    assert (tmp_path / "rep" / "utilisation.png").is_file()
+    assert not (tmp_path / "rep" / "timeline-rubick.png").exists() and not (tmp_path / "rep" / "timeline-sia.png").exists()
