@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,28 @@ def _policies(args: argparse.Namespace) -> list[str]:
     return names
 
 
+SIMULATE_NUMBERS = (  # option, least value, whether the least value itself is allowed, unit
+    ("--restart-cost", 0.0, True, "seconds"), ("--start-cost", 0.0, True, "seconds"), ("--tick", 0.0, False, "seconds"),
+    ("--batch", 0.0, True, "seconds"), ("--hold", 0.0, True, "seconds"), ("--sample-every", 0.0, False, "seconds"),
+    ("--noise", 0.0, True, "(a log-normal sigma)"), ("--max-time-h", 0.0, False, "hours"), ("--seed", 0, True, ""),
+    ("--scale", 1, True, "(copies of the trace)"),
+)
+REPLAY_NUMBERS = (("--restart-cost", 0.0, True, "seconds"), ("--context", 0, True, "events"),
+                  ("--jobs", 1, True, "processes"))
+
+
+def bad_number(args: argparse.Namespace, rules) -> str | None:
+    """The first option given with a value out of its range (or not finite), as a message; else None."""
+    for option, least, inclusive, unit in rules:
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            kind = "a finite number " if isinstance(value, float) else ""
+            return f"{option} must be {kind}{'>=' if inclusive else '>'} {least:g}{' ' + unit if unit else ''}, got {value!r}"
+    return None
+
+
 ARTIFACT_COST_S = 260.0
 """The paper's simulator charges this on every placement change, the first start included."""
 
@@ -102,15 +125,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         quotas = read_quotas(args.quotas)
     except (OSError, ValueError) as exc:
         return fail(str(exc))
+    problem = bad_number(args, SIMULATE_NUMBERS)
+    if problem:
+        return fail(problem)
     default_cost = ARTIFACT_COST_S if args.artifact_costs else None
     restart_cost = args.restart_cost if args.restart_cost is not None else (default_cost or 78.0)
     start_cost = args.start_cost if args.start_cost is not None else (default_cost or 0.0)
-    if restart_cost < 0 or start_cost < 0:
-        return fail("--restart-cost and --start-cost must be >= 0 seconds")
-    if args.scale < 1:
-        return fail("--scale must be >= 1")
-    if not args.batch >= 0 or (args.hold is not None and not args.hold >= 0):
-        return fail("--batch and --hold must be >= 0 seconds")
     names = _policies(args)
     known = policy_names()
     unknown = [n for n in names if n not in known]
@@ -197,6 +217,9 @@ def _is_live(log: Path) -> bool:
 def cmd_replay(args: argparse.Namespace) -> int:
     from .verify import format_result, verify
 
+    problem = bad_number(args, REPLAY_NUMBERS)
+    if problem:
+        return fail(problem)
     if not args.log.is_dir():
         return fail(f"no event-log folder at {args.log}")
     if args.policy or args.restart_cost is not None:

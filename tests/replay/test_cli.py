@@ -6,6 +6,7 @@ import json
 import shutil
 
 import polars as pl
+import pytest
 
 from controlplane.cli import main
 
@@ -37,7 +38,7 @@ def test_simulate_report_and_replay(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "OK: every recorded decision was reproduced" in printed and "processes" not in printed
     assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "0"]) == 2
-    assert "jobs must be at least 1" in capsys.readouterr().err
+    assert "--jobs must be >= 1 processes, got 0" in capsys.readouterr().err
     assert main(["replay", str(runs / "rubick" / "events"), "--policy", "equal", "--out", str(tmp_path / "wi")]) == 0
     assert json.loads((tmp_path / "wi" / "summary.json").read_text())["config"]["policy"] == "equal"
 
@@ -108,3 +109,34 @@ def test_a_report_on_a_damaged_log_names_what_its_plots_leave_out(tmp_path, caps
     assert f"warning: {runs / 'sia'}: no event log" in captured.err
     assert (tmp_path / "rep" / "utilisation.png").is_file()
     assert not (tmp_path / "rep" / "timeline-rubick.png").exists() and not (tmp_path / "rep" / "timeline-sia.png").exists()
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--tick", "0"), ("--tick", "-5"), ("--tick", "nan"), ("--tick", "inf"),
+    ("--sample-every", "0"), ("--sample-every", "nan"), ("--noise", "-1"), ("--noise", "nan"),
+    ("--restart-cost", "-1"), ("--restart-cost", "nan"), ("--start-cost", "inf"), ("--batch", "nan"),
+    ("--hold", "-1"), ("--max-time-h", "0"), ("--max-time-h", "-1"), ("--max-time-h", "nan"),
+    ("--seed", "-1"), ("--scale", "0"),
+])
+def test_an_impossible_number_is_refused_before_anything_runs(tmp_path, capsys, option, value):
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=3)
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(out), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rubick: {option} must be") and value in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option,value", [("--restart-cost", "nan"), ("--restart-cost", "-1"), ("--context", "-1"),
+                                          ("--jobs", "0")])
+def test_replay_refuses_an_impossible_number(tmp_path, capsys, option, value):
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=3)
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(run)]) == 0
+    capsys.readouterr()
+    args = ["replay", str(run / "events"), option, value] + (["--out", str(tmp_path / "wi")]
+                                                             if option == "--restart-cost" else [])
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rubick: ") and "Traceback" not in err and "must be" in err
+    assert not (tmp_path / "wi").exists()
