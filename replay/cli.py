@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -108,6 +109,23 @@ def bad_number(args: argparse.Namespace, rules) -> str | None:
     return None
 
 
+def bad_out(path: Path | None) -> str | None:
+    """Why `path` cannot be an output folder (a file is in the way, or the nearest existing folder
+    above it cannot be written), as a message; else None. Checked before any work is done."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        return f"--out {path}: exists and is not a folder"
+    above = path
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"--out {path}: {above} is not a folder"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"--out {path}: {above} cannot be written"
+    return None
+
+
 ARTIFACT_COST_S = 260.0
 """The paper's simulator charges this on every placement change, the first start included."""
 
@@ -136,6 +154,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in known]
     if not names or unknown:
         return fail(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(known) or 'none (policy.registry not importable)'}")
+    for out_dir in [args.out] + ([args.out / n for n in names] if len(names) > 1 else []):
+        problem = bad_out(out_dir)
+        if problem:
+            return fail(problem)
     parts = load_parts(cache_dir=None if args.no_fit_cache else default_cache_dir())
     table = parts.table
 
@@ -188,6 +210,9 @@ def _print_run(out_dir: Path, out) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import format_table, load_summary, plot, table_rows
 
+    problem = None if args.no_plots else bad_out(args.out)
+    if problem:
+        return fail(problem)
     runs, summaries = [], []
     for run in args.runs:
         try:
@@ -200,6 +225,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(format_table(table_rows(runs, summaries)))
     if not args.no_plots:
         out = args.out or runs[0].parent / "report"
+        problem = bad_out(out)
+        if problem:
+            return fail(f"{problem} (the default; choose another with --out)")
         for path in plot(runs, summaries, out, warn=lambda message: print(f"warning: {message}", file=sys.stderr)):
             print(f"wrote {path}")
     return 0
@@ -228,6 +256,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
         if args.out is None:
             return fail("a what-if needs --out for the new run")
+        problem = bad_out(args.out)
+        if problem:
+            return fail(problem)
         if _is_live(args.log):
             return fail("a what-if of a live run (rubick up --sim-cluster) is not supported: its submissions carry "
                         "their senders' wall-clock times; replay it without --policy/--restart-cost to check it")

@@ -290,7 +290,8 @@ def read_trace(path: str | Path, batches: Mapping[str, int], *, layout: str = "a
     if on_bad not in ("skip", "refuse"):
         raise ValueError("on_bad must be 'skip' or 'refuse'")
     if not Path(path).is_file():
-        raise TraceError(str(path), [TraceProblem(0, "no such file")])
+        why = "a folder, not a trace file" if Path(path).is_dir() else "no such file"
+        raise TraceError(str(path), [TraceProblem(0, why)])
     name = detect_layout(path) if layout == "auto" else layout
     if name not in IMPORTERS:
         raise ValueError(f"unknown trace layout {name!r} (known: {', '.join(sorted(IMPORTERS))})")

@@ -140,3 +140,25 @@ def test_replay_refuses_an_impossible_number(tmp_path, capsys, option, value):
     err = capsys.readouterr().err
     assert err.startswith("rubick: ") and "Traceback" not in err and "must be" in err
     assert not (tmp_path / "wi").exists()
+
+
+def test_an_out_path_that_is_a_file_is_refused_by_name(tmp_path, capsys):
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=3)
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(run)]) == 0
+    capsys.readouterr()
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    for args in (["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(taken)],
+                 ["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(taken / "run")],
+                 ["simulate", "--trace", str(trace), "--policies", "rubick,sia", "--out", str(taken)],
+                 ["report", str(run), "--out", str(taken)],
+                 ["replay", str(run / "events"), "--policy", "sia", "--out", str(taken)]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"rubick: --out {args[args.index('--out') + 1]}: ") and "Traceback" not in err, err
+        assert "not a folder" in err
+    assert taken.read_text() == "a file\n"
+    (run / "sia").write_text("in the way\n")
+    assert main(["simulate", "--trace", str(trace), "--policies", "rubick,sia", "--out", str(run)]) == 2
+    assert f"--out {run / 'sia'}: exists and is not a folder" in capsys.readouterr().err

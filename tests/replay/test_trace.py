@@ -118,6 +118,13 @@ def test_a_file_that_is_not_a_trace_is_refused_whole(tmp_path, parts, content):
         assert ("not UTF-8" if content else "empty file") in str(info.value)
 
 
+def test_a_path_that_is_no_file_is_named_for_what_it_is(tmp_path, parts):
+    for path, why in ((tmp_path / "nowhere.csv", "no such file"), (tmp_path, "a folder, not a trace file")):
+        with pytest.raises(TraceError) as info:
+            read_trace(path, parts.batches)
+        assert not info.value.skippable and why in str(info.value) and str(path) in str(info.value)
+
+
 def test_ten_times_trace_rule(parts):
     base = read_trace(ARTIFACT / "workload-base.csv", parts.batches).jobs
     big = scale_trace(base, 10)
