@@ -206,7 +206,7 @@ def _groups(cores: list[Any], jobs: int) -> list[list[Any]]:
     groups: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(cores))))]
     for core in sorted(cores, key=_weight, reverse=True):
         min(groups, key=lambda g: sum(map(_weight, g))).append(core)
-    return [sorted(g, key=cores.index) for g in groups if g]
+    return [sorted(g, key=cores.index) for g in groups if g] or [[]]
 
 
 def default_jobs() -> int:
@@ -289,8 +289,9 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     cores = control_cores(cfg, load_parts(params=run["params"]), policy_factory)
     if only is not None:
         unknown = sorted(set(only) - {c.name for c in cores})
-        if unknown:
-            raise ValueError(f"no core named {', '.join(unknown)} (cores: {', '.join(c.name for c in cores)})")
+        if unknown or not only:
+            raise ValueError(f"no core named {', '.join(unknown) or '(none given)'} (cores: "
+                             f"{', '.join(c.name for c in cores)})")
         cores = [c for c in cores if c.name in only]
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")

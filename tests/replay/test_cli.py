@@ -128,7 +128,7 @@ def test_an_impossible_number_is_refused_before_anything_runs(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("option,value", [("--restart-cost", "nan"), ("--restart-cost", "-1"), ("--context", "-1"),
-                                          ("--jobs", "0")])
+                                          ("--jobs", "0"), ("--only", ","), ("--only", "nope")])
 def test_replay_refuses_an_impossible_number(tmp_path, capsys, option, value):
     trace = trace_slice(tmp_path, "workload-base.csv", rows=3)
     run = tmp_path / "run"
@@ -138,7 +138,8 @@ def test_replay_refuses_an_impossible_number(tmp_path, capsys, option, value):
                                                              if option == "--restart-cost" else [])
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("rubick: ") and "Traceback" not in err and "must be" in err
+    assert err.startswith("rubick: ") and "Traceback" not in err
+    assert ("no core named" if option == "--only" else "must be") in err
     assert not (tmp_path / "wi").exists()
 
 
