@@ -76,7 +76,10 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     async def consumer(self, durable: str, subjects: Sequence[str] = (">",), *, ack_wait: float = 30.0,
-                       ack_all: bool = False, max_ack_pending: int = 100_000) -> Consumer: ...
+                       ack_all: bool = False, max_ack_pending: int = 100_000,
+                       start_seq: int | None = None) -> Consumer:
+        """A durable consumer. It resumes where the durable left off; with `start_seq` it starts over
+        at that stream sequence instead (what it had delivered and not seen acknowledged is forgotten)."""
 
     @abc.abstractmethod
     def read(self, subjects: Sequence[str] = (">",), start_seq: int = 1,

@@ -63,10 +63,12 @@ class MemoryBus(Bus):
         return PubAck(seq=seq)
 
     async def consumer(self, durable: str, subjects: Sequence[str] = (">",), *, ack_wait: float = 30.0,
-                       ack_all: bool = False, max_ack_pending: int = 100_000) -> Consumer:
+                       ack_all: bool = False, max_ack_pending: int = 100_000,
+                       start_seq: int | None = None) -> Consumer:
         state = self._consumers.get(durable)
-        if state is None:
+        if state is None or start_seq is not None:
             state = _ConsumerState(tuple(subjects), ack_wait, ack_all, max_ack_pending)
+            state.scanned = max(0, (start_seq or 1) - 1)
             self._consumers[durable] = state
         else:
             # a durable keeps its position; a re-bind redelivers what was in flight

@@ -144,13 +144,14 @@ class JetStreamBus(Bus):
         return acks
 
     async def consumer(self, durable: str, subjects: Sequence[str] = (">",), *, ack_wait: float = 30.0,
-                       ack_all: bool = False, max_ack_pending: int = 100_000) -> Consumer:
+                       ack_all: bool = False, max_ack_pending: int = 100_000,
+                       start_seq: int | None = None) -> Consumer:
         """A durable pull consumer that resumes right after its acknowledged position.
 
         When the durable exists (a restart), it is re-created starting at its ack floor + 1:
         messages that were delivered to the previous instance but not acknowledged come
         again at once and in stream order, instead of after `ack_wait` and after newer ones.
-        One instance per durable name.
+        With `start_seq` it is re-created starting there instead. One instance per durable name.
         """
         start = 1
         try:
@@ -159,6 +160,8 @@ class JetStreamBus(Bus):
             await self.js.delete_consumer(self.stream, durable)
         except nats.js.errors.NotFoundError:
             pass
+        if start_seq is not None:
+            start = max(1, start_seq)
         config = api.ConsumerConfig(
             durable_name=durable, name=durable,
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start > 1 else api.DeliverPolicy.ALL,

@@ -5,6 +5,15 @@ a file atomically, and only then acknowledged (one ack covers the whole batch,
 the consumer acks all earlier messages with it). After a crash JetStream
 redelivers what was not acknowledged; sequences already in a file are skipped,
 so the log has no gaps and no duplicate rows.
+
+Messages are taken in stream order only. A server that goes away with a pull
+reply in flight has counted those messages as delivered, so after it comes back
+the recorder is handed later ones first; taking them would leave a hole, and the
+ack-all after them would acknowledge the missing ones away. At a hole the
+recorder writes and acknowledges what came before it and fetches again from the
+first missing sequence. Only when a fetch started there is still handed a later
+message first are the missing ones taken as gone from the stream (its limits or
+a purge removed them), which is logged as an error and counted.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from .rows import row_of
 from .writer import clean_temporaries, recorded_max_seq, write_atomic
 
 log = logging.getLogger(__name__)
+
+REFETCH_TRIES = 60
+"""Attempts (about two minutes in all) to fetch again from a hole while the server is away."""
 
 
 def stream_token(identity: str) -> str:
@@ -52,6 +64,10 @@ class Recorder:
         self.files_written = 0
         self.rows_written = 0
         self.skipped_duplicates = 0
+        self.holes_refetched = 0
+        self.gone_from_stream = 0
+        """Messages the stream no longer had when the recorder came to them (never recorded)."""
+        self._refetched_from: int | None = None
         self.on_flush = None  # optional callback(list_of_rows) for tests/benchmarks
         self.ready = asyncio.Event()
 
@@ -60,16 +76,17 @@ class Recorder:
         for tmp in clean_temporaries(log_dir):
             log.warning("removed %s left by an interrupted write (its messages come again)", tmp.name)
         self.max_seq = recorded_max_seq(log_dir, self.stream)
-        ack_wait = max(60.0, 4 * self.cfg.roll_seconds)
-        consumer = await self.bus.consumer(self.cfg.durable, (">",), ack_all=True, ack_wait=ack_wait,
-                                           max_ack_pending=max(1_000_000, 2 * self.cfg.roll_rows))
+        consumer = await self._consumer()
         self.ready.set()
         lag_checked = 0.0
         try:
             while not stop.is_set():
                 timeout = 0.25 if not self.rows else max(0.01, min(0.25, self._time_left()))
                 msgs = await consumer.fetch(self.cfg.fetch_batch, timeout=timeout)
-                self._take(msgs)
+                hole = self._take(msgs)
+                if hole is not None:
+                    consumer = await self._refetch(consumer, hole)
+                    continue
                 if self._due():
                     await self.flush()
                 now = time.monotonic()
@@ -83,29 +100,70 @@ class Recorder:
                 msgs = await consumer.fetch(self.cfg.fetch_batch, timeout=0.2)
                 if not msgs:
                     break
-                self._take(msgs)
+                hole = self._take(msgs)
+                if hole is not None:
+                    consumer = await self._refetch(consumer, hole)
+                    continue
                 if self._due():
                     await self.flush()
         finally:
             await self.flush()
             await consumer.close()
 
-    def _take(self, msgs: list[Delivery]) -> None:
+    async def _consumer(self, start_seq: int | None = None):
+        return await self.bus.consumer(self.cfg.durable, (">",), ack_all=True,
+                                       ack_wait=max(60.0, 4 * self.cfg.roll_seconds),
+                                       max_ack_pending=max(1_000_000, 2 * self.cfg.roll_rows), start_seq=start_seq)
+
+    def _take(self, msgs: list[Delivery]) -> int | None:
+        """Buffer the messages in stream order. At a hole (a message past the next sequence), stop and
+        return its sequence: the messages before it were delivered but never arrived."""
         if not msgs:
-            return
+            return None
         if not self.rows and self.last is None:
             self.first_buffered_at = time.monotonic()
-        rows, max_seq = self.rows, self.max_seq
+        rows, max_seq, hole, taken = self.rows, self.max_seq, None, 0
         for m in msgs:
             if m.seq <= max_seq:
                 self.skipped_duplicates += 1
-                continue
-            rows.append(row_of(m.seq, m.subject, m.data, m.msg_id, m.time))
-            self.bytes += len(m.data)
-            max_seq = m.seq
+            elif m.seq == max_seq + 1 or self._refetched_from == max_seq + 1:
+                if m.seq != max_seq + 1:  # fetched again from the hole and still past it: gone from the stream
+                    self.gone_from_stream += m.seq - max_seq - 1
+                    log.error("messages %d..%d are not in the stream any more (removed by its limits or a purge): "
+                              "they are not in the event log", max_seq + 1, m.seq - 1)
+                self._refetched_from = None
+                rows.append(row_of(m.seq, m.subject, m.data, m.msg_id, m.time))
+                self.bytes += len(m.data)
+                max_seq = m.seq
+            else:
+                hole = m.seq
+                break
+            self.last = m
+            taken += 1
         self.max_seq = max_seq
-        self.last = msgs[-1]
-        metrics.MESSAGES_IN.labels("recorder", "all").inc(len(msgs))
+        metrics.MESSAGES_IN.labels("recorder", "all").inc(taken)
+        return hole
+
+    async def _refetch(self, consumer, hole: int):
+        """Write and acknowledge what came before a hole, then fetch again from its first sequence."""
+        first = self.max_seq + 1
+        log.warning("messages %d..%d were delivered but never arrived (the server or the connection went away with "
+                    "them in flight): fetching them again", first, hole - 1)
+        self.holes_refetched += 1
+        await self.flush()
+        await consumer.close()
+        self._refetched_from = first
+        delay = 0.25
+        for attempt in range(REFETCH_TRIES):
+            try:
+                return await self._consumer(start_seq=first)
+            except Exception as exc:  # the server may have gone away again: it comes back, or the run fails
+                if attempt == REFETCH_TRIES - 1:
+                    raise
+                log.warning("fetching again from message %d failed (%s); retrying", first, exc)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+        raise AssertionError("unreachable")
 
     def _time_left(self) -> float:
         return self.cfg.roll_seconds - (time.monotonic() - self.first_buffered_at)

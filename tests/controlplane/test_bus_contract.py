@@ -161,3 +161,16 @@ async def test_reopened_durable_redelivers_unacked_at_once_and_in_order(bus):
     c2 = await bus.consumer("restartable", [">"], ack_wait=30.0)
     again = await fetch_all(c2, 3, timeout=3.0)  # well before ack_wait
     assert [d.data for d in again] == [b"1", b"2", b"3"]
+
+
+async def test_a_durable_started_over_at_a_sequence_delivers_from_there(bus):
+    for i in range(10):
+        await bus.publish("job.submitted", b"%d" % i, f"so-{i}")
+    consumer = await bus.consumer("again", ack_all=True)
+    first = await fetch_all(consumer, 10)
+    assert [m.seq for m in first] == list(range(1, 11))
+    await first[4].ack()  # up to 5 acknowledged; 6..10 delivered, not acknowledged
+    await consumer.close()
+    consumer = await bus.consumer("again", ack_all=True, start_seq=3)
+    got = await fetch_all(consumer, 8)
+    assert [m.seq for m in got] == list(range(3, 11))

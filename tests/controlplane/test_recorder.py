@@ -110,3 +110,51 @@ def test_recorder_rows_of_random_envelopes(env):
     data = msgpack.packb(env)
     row = row_of(1, "job.submitted", data, None, 1.0)
     assert frame([row]).height == 1
+
+
+async def test_messages_delivered_but_never_received_are_fetched_again_not_acknowledged_away(js_bus, tmp_path):
+    """A server that dies with a pull reply in flight has counted those messages as delivered; the
+    recorder then sees later ones first. It must not take (and with one ack-all, acknowledge) past the
+    hole: it goes back for the missing messages. Here a second client on the recorder's durable
+    consumer takes the first messages of a batch and never acknowledges them: a hole made on purpose, with the real
+    server and client."""
+    log_dir = tmp_path / "log"
+    for i in range(10):
+        await js_bus.publish("clock.tick", encode(sample("clock.tick", i)), f"before-{i}")
+    recorder = Recorder(js_bus, RecorderConfig(log_dir, roll_seconds=0.2), stream_token(await js_bus.stream_created()))
+    stop = asyncio.Event()
+    task = asyncio.create_task(recorder.run(stop))
+    try:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if recorded_max_seq(log_dir, recorder.stream) >= 10:
+                break
+        thief = await js_bus.js.pull_subscribe_bind(durable="recorder", stream=js_bus.stream)
+        stolen = asyncio.create_task(thief.fetch(3, timeout=10))
+        await asyncio.sleep(1.0)  # the recorder's own pull request expires and queues behind the thief's
+        for i in range(10):
+            await js_bus.publish("clock.tick", encode(sample("clock.tick", 10 + i)), f"after-{i}")
+        taken = [m.metadata.sequence.stream for m in await stolen]
+        assert taken and taken == list(range(11, 11 + len(taken)))
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if scan(log_dir).frame.height >= 20:
+                break
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    frame = scan(log_dir).frame
+    assert frame["seq"].to_list() == list(range(1, 21))
+    assert sorted(frame["msg_id"].to_list()) == sorted([f"before-{i}" for i in range(10)] + [f"after-{i}" for i in range(10)])
+
+
+async def test_messages_the_stream_no_longer_holds_are_named_and_the_rest_recorded(js_bus, tmp_path, caplog):
+    """A purge (or the stream's limits) removed messages before the recorder came to them: it looks for
+    them once more from the first missing one, then goes on without them and says which are gone."""
+    for i in range(10):
+        await js_bus.publish("clock.tick", encode(sample("clock.tick", i)), f"m-{i}")
+    await js_bus.js.purge_stream(js_bus.stream, seq=6)  # removes 1..5
+    rec = await record(js_bus, tmp_path / "log", 10)
+    assert scan(tmp_path / "log").frame["seq"].to_list() == list(range(6, 11))
+    assert rec.holes_refetched == 1 and rec.gone_from_stream == 5
+    assert "messages 1..5 are not in the stream any more" in caplog.text
