@@ -33,8 +33,10 @@ def start_recorder(url: str, log_dir: Path) -> subprocess.Popen:
         [sys.executable, "-m", "controlplane.cli", "service", "recorder", "--nats-url", url,
          "--log-dir", str(log_dir), "--roll-seconds", "0.3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline()
-    assert "recorder ready" in line, line
+    lines = [proc.stdout.readline()]  # a restart may first say which interrupted write it removed
+    while "recorder ready" not in lines[-1] and lines[-1] and len(lines) < 20:
+        lines.append(proc.stdout.readline())
+    assert "recorder ready" in lines[-1], lines
     return proc
 
 
