@@ -225,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(format_table(table_rows(runs, summaries)))
     if not args.no_plots:
         out = args.out or runs[0].parent / "report"
-        problem = bad_out(out)
+        problem = None if args.out else bad_out(out)  # a given --out was checked before anything was read
         if problem:
             return fail(f"{problem} (the default; choose another with --out)")
         for path in plot(runs, summaries, out, warn=lambda message: print(f"warning: {message}", file=sys.stderr)):
