@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.bus.base import Bus
+from controlplane.bus.inorder import in_order
 from controlplane.events import Event, Invalid, NodeHeartbeat, decode, encode, make, new_id
 
 from .core import AgentCore, Exited, Kill, Launch, LaunchFailed, Started, Stop
@@ -73,14 +74,14 @@ class AgentShell:
 
     async def run(self, stop: asyncio.Event) -> None:
         upto = await self.start()
-        consumer = await self.bus.consumer(f"agent-{self.node}", tuple(self.core.subjects))
+        consumer = await in_order(self.bus, f"agent-{self.node}", self.core.subjects)
+        consumer.last_seq = max(consumer.last_seq, upto)  # restored already: acknowledged, not handled again
         self.ready.set()
         beat_at = 0.0
         try:
             while not stop.is_set():
                 for d in await consumer.fetch(64, timeout=self.poll_s):
-                    if d.seq > upto:
-                        await self._deliver(d)
+                    await self._deliver(d)
                     await d.ack()
                 await self._watch()
                 if time.monotonic() - beat_at >= self.heartbeat_s:

@@ -30,6 +30,7 @@ from typing import Sequence
 
 from controlplane import metrics
 from controlplane.bus.base import Bus, Delivery
+from controlplane.bus.inorder import in_order
 from controlplane.events import Event, Invalid, NodeRegistered, decode, encode, make
 from controlplane.service import publish_events
 
@@ -90,7 +91,7 @@ class SimAgentsShell:
         return self._last_now
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = await self.bus.consumer(f"svc-{self.name}", tuple(self.core.subjects), ack_wait=self.ack_wait)
+        consumer = await in_order(self.bus, f"svc-{self.name}", self.core.subjects, ack_wait=self.ack_wait)
         try:
             if self.nodes:
                 await self.publish(node_registrations(self.nodes, self._now()))

@@ -2,7 +2,8 @@
 
 A core is a plain object with `name`, `subjects` (what it consumes) and
 `handle(event) -> list[Event]`; it reads time only from events and does no I/O.
-The shell decodes, calls the core, publishes what it returns (with the event
+The shell takes messages in stream order, each once (`bus.inorder`: what replay feeds a core too),
+decodes, calls the core, publishes what it returns (with the event
 id as `Nats-Msg-Id`, so a retry after a crash is not doubled), acknowledges,
 and exports metrics. On start it rebuilds the core's state by feeding it every
 stored event up to its consumer's acknowledged position (outputs discarded),
@@ -22,6 +23,7 @@ from typing import Protocol, Sequence
 
 from . import metrics
 from .bus.base import Bus, Delivery
+from .bus.inorder import in_order
 from .events import Event, Invalid, Rejected, decode, encode, make, rejection_subject, unpack
 from .events.catalog import is_rejection
 
@@ -80,8 +82,8 @@ class ServiceShell:
             self.restored += 1
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = await self.bus.consumer(f"svc-{self.name}", tuple(self.core.subjects), ack_wait=self.ack_wait)
-        floor = await consumer.ack_floor()
+        consumer = await in_order(self.bus, f"svc-{self.name}", self.core.subjects, ack_wait=self.ack_wait)
+        floor = consumer.last_seq
         if floor:
             await self.restore(floor)
             log.info("%s: state rebuilt from %d events up to seq %d", self.name, self.restored, floor)

@@ -39,6 +39,9 @@ class Delivery:
     deliveries: int = 1
     _ack: Callable[[], Awaitable[None]] | None = None
     _nak: Callable[[float], Awaitable[None]] | None = None
+    consumer_seq: int = 0
+    """The consumer's number for this delivery, one more for each (redeliveries too); 0 where the bus
+    numbers none. A jump means a delivery that never arrived."""
 
     async def ack(self) -> None:
         if self._ack is not None:

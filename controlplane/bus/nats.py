@@ -27,18 +27,20 @@ log = logging.getLogger(__name__)
 MSG_ID = "Nats-Msg-Id"
 
 
-def _ack_meta(reply: str) -> tuple[int, int, float, int]:
-    """(stream seq, deliveries, stored time in s, pending) from a JetStream ack subject."""
+def _ack_meta(reply: str) -> tuple[int, int, float, int, int]:
+    """(stream seq, deliveries, stored time in s, pending, consumer seq) from a JetStream ack subject:
+    $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>, or with
+    <domain>.<account hash> after ACK."""
     t = reply.split(".")
-    base = 2 if len(t) == 9 else 4  # $JS.ACK.<stream>... or $JS.ACK.<domain>.<account>.<stream>...
-    return int(t[base + 3]), int(t[base + 2]), int(t[base + 5]) / 1e9, int(t[base + 6])
+    base = 2 if len(t) == 9 else 4
+    return int(t[base + 3]), int(t[base + 2]), int(t[base + 5]) / 1e9, int(t[base + 6]), int(t[base + 4])
 
 
 def _delivery(msg) -> Delivery:
-    seq, deliveries, stored, _ = _ack_meta(msg.reply)
+    seq, deliveries, stored, _, consumer_seq = _ack_meta(msg.reply)
     headers = msg.headers
     return Delivery(msg.subject, msg.data, seq, headers.get(MSG_ID) if headers else None, stored,
-                    deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None))
+                    deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None), consumer_seq)
 
 
 async def _reachable(url: str, timeout: float) -> None:
