@@ -20,13 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Sequence
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 from .base import Bus, Consumer, Delivery
 
 log = logging.getLogger(__name__)
 
 REOPEN_TRIES = 60  # about two minutes: the server may be away again
+T = TypeVar("T")
+
+
+async def reopen_retrying(open_again: Callable[[], Awaitable[T]], what: str) -> T:
+    """Re-create a consumer, retrying for about two minutes: the server that lost the deliveries may be
+    away again; it comes back, or the last error is raised."""
+    delay = 0.25
+    for attempt in range(REOPEN_TRIES):
+        try:
+            return await open_again()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the server is retried alike
+            if attempt == REOPEN_TRIES - 1:
+                raise
+            log.warning("%s failed (%s); retrying", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
+    raise AssertionError("unreachable")
 
 
 class InOrderConsumer(Consumer):
@@ -81,17 +98,7 @@ class InOrderConsumer(Consumer):
                     seen.consumer_seq - 1, first)
         self.reopened += 1
         await self.consumer.close()
-        delay = 0.25
-        for attempt in range(REOPEN_TRIES):
-            try:
-                await self.open(start_seq=first)
-                return
-            except Exception as exc:  # noqa: BLE001 - the server may be away again: it comes back, or the run fails
-                if attempt == REOPEN_TRIES - 1:
-                    raise
-                log.warning("%s: fetching again from message %d failed (%s); retrying", self.durable, first, exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
+        await reopen_retrying(lambda: self.open(start_seq=first), f"{self.durable}: fetching again from message {first}")
 
     async def lag(self) -> int | None:
         return await self.consumer.lag()

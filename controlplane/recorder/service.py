@@ -27,13 +27,11 @@ from pathlib import Path
 
 from .. import metrics
 from ..bus.base import Bus, Delivery
+from ..bus.inorder import reopen_retrying
 from .rows import row_of
 from .writer import clean_temporaries, recorded_max_seq, write_atomic
 
 log = logging.getLogger(__name__)
-
-REFETCH_TRIES = 60
-"""Attempts (about two minutes in all) to fetch again from a hole while the server is away."""
 
 
 def stream_token(identity: str) -> str:
@@ -153,17 +151,7 @@ class Recorder:
         await self.flush()
         await consumer.close()
         self._refetched_from = first
-        delay = 0.25
-        for attempt in range(REFETCH_TRIES):
-            try:
-                return await self._consumer(start_seq=first)
-            except Exception as exc:  # the server may have gone away again: it comes back, or the run fails
-                if attempt == REFETCH_TRIES - 1:
-                    raise
-                log.warning("fetching again from message %d failed (%s); retrying", first, exc)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
-        raise AssertionError("unreachable")
+        return await reopen_retrying(lambda: self._consumer(start_seq=first), f"fetching again from message {first}")
 
     def _time_left(self) -> float:
         return self.cfg.roll_seconds - (time.monotonic() - self.first_buffered_at)
