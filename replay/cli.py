@@ -55,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_simulate)
 
     r = sub.add_parser("report", help="compare simulated runs: table and plots")
-    r.add_argument("runs", nargs="+", type=Path, help="run folders (with summary.json)")
-    r.add_argument("--out", type=Path, help="folder for the plots (default: <parent of the first run>/report)")
+    r.add_argument("runs", nargs="+", type=Path,
+                   help="run folders (with summary.json), or folders of runs (simulate --policies)")
+    r.add_argument("--out", type=Path, help="folder for the plots (default: report/ in the folder holding all the runs)")
     r.add_argument("--no-plots", action="store_true", help="print the table only")
     r.set_defaults(func=cmd_report)
 
@@ -208,13 +209,13 @@ def _print_run(out_dir: Path, out) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import format_table, load_summary, plot, table_rows
+    from .report import default_out, expand_runs, format_table, load_summary, plot, table_rows
 
     problem = None if args.no_plots else bad_out(args.out)
     if problem:
         return fail(problem)
     runs, summaries = [], []
-    for run in args.runs:
+    for run in expand_runs(args.runs, warn=lambda message: print(f"rubick: {message}", file=sys.stderr)):
         try:
             summaries.append(load_summary(run))
             runs.append(run)
@@ -224,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         return fail("no run to report")
     print(format_table(table_rows(runs, summaries)))
     if not args.no_plots:
-        out = args.out or runs[0].parent / "report"
+        out = args.out or default_out(runs)
         problem = None if args.out else bad_out(out)  # a given --out was checked before anything was read
         if problem:
             return fail(f"{problem} (the default; choose another with --out)")

@@ -13,6 +13,7 @@ Per run it reads `summary.json` (the table, the JCT CDF) and, for the time plots
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -35,6 +36,36 @@ def run_labels(runs: Sequence[Path]) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [f"{Path(r).parent.name}-{Path(r).name}" for r in runs]
+
+
+PLOT_FILES = ("jct_cdf.png", "utilisation.png")
+
+
+def expand_runs(paths: Sequence[Path], warn: Callable[[str], None]) -> list[Path]:
+    """The run folders among `paths`: a folder with `summary.json` is a run; one without it stands for
+    the runs directly inside it (what `rubick simulate --policies` writes: one folder per policy).
+    A folder of plots a report wrote (it holds `jct_cdf.png` and no run) is passed over; anything
+    else is named in a warning and left out."""
+    runs: list[Path] = []
+    for path in map(Path, paths):
+        if (path / SUMMARY_FILE).is_file():
+            runs.append(path)
+            continue
+        inside = sorted(p for p in path.iterdir() if (p / SUMMARY_FILE).is_file()) if path.is_dir() else []
+        if inside:
+            runs.extend(inside)
+        elif not (path / PLOT_FILES[0]).is_file():
+            what = "no such folder" if not path.exists() else f"no {SUMMARY_FILE} in it or in its folders"
+            warn(f"{path}: {what}; left out")
+    return runs
+
+
+def default_out(runs: Sequence[Path]) -> Path:
+    """`report/` in the deepest folder holding every run's folder (`runs/report` for `runs/*`)."""
+    try:
+        return Path(os.path.commonpath([Path(r).parent for r in runs])) / "report"
+    except ValueError:  # absolute and relative paths mixed
+        return Path(runs[0]).parent / "report"
 
 
 def load_summary(run: Path) -> dict[str, Any]:

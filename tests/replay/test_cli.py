@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from controlplane.cli import main
+from replay.report import default_out
 
 from .conftest import trace_slice
 
@@ -31,6 +32,20 @@ def test_simulate_report_and_replay(tmp_path, capsys):
     for png in ("jct_cdf.png", "utilisation.png", "timeline-rubick.png", "timeline-antman.png"):
         data = (tmp_path / "rep" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # the folder `--policies` wrote stands for its runs; its plots go beside them, and a later
+    # `report runs/*` passes over that plots folder but names what is not a run
+    (runs / "notes").mkdir()
+    assert main(["report", str(runs)]) == 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()[2:4]] == ["antman", "rubick"]
+    assert (runs / "report" / "jct_cdf.png").is_file() and captured.err == ""
+    assert default_out([runs / "a" / "x", runs / "b", runs / "a" / "y"]) == runs / "report"
+    assert main(["report", *sorted(map(str, runs.iterdir())), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()[2:]] == ["antman", "rubick"]
+    assert captured.err.strip() == f"rubick: {runs / 'notes'}: no summary.json in it or in its folders; left out"
+    assert main(["report", str(tmp_path / "nowhere"), "--no-plots"]) == 2
+    assert "nowhere: no such folder; left out" in capsys.readouterr().err
     assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "3"]) == 0
     printed = capsys.readouterr().out
     assert "OK: every recorded decision was reproduced" in printed and "3 processes)" in printed
