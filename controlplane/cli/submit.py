@@ -47,11 +47,18 @@ async def _submit(url: str, jobs, wait: float, as_json: bool) -> int:
                                   "seq": result.seq, "rejected": rej.reason if rej else None,
                                   "field": rej.field if rej else None}))
             elif rej:
-                print(f"{path}: job {job.job_id} REJECTED: {rej.reason}"
-                      + (f" ({rej.field}: expected {rej.expected}, got {rej.got})" if rej.field else ""))
+                print(f"{path}: job {job.job_id} REJECTED: {rej.reason}{_which(rej)}")
             else:
                 note = " (duplicate publish, stored once)" if result.duplicate else ""
                 print(f"{path}: job {job.job_id} submitted as event {result.event.id}, stream seq {result.seq}{note}")
             if rej:
                 code = 1
     return code
+
+
+def _which(rej) -> str:
+    """The field a rejection names, with what was expected and what came where it says so."""
+    if not rej.field:
+        return ""
+    said = ", ".join(f"{k} {v}" for k, v in (("expected", rej.expected), ("got", rej.got)) if v)
+    return f" (field {rej.field}{': ' + said if said else ''})"

@@ -55,6 +55,8 @@ def test_up_submit_and_clean_shutdown(up, tmp_path):
     assert reused.returncode == 1 and "REJECTED: job id reused" in reused.stdout
     unknown = rubick("submit", str(JOBS / "bad" / "unknown-model.yaml"), "--data-dir", str(tmp_path / "rk"))
     assert unknown.returncode == 1 and "unknown model type" in unknown.stdout and "model.type" in unknown.stdout
+    for said in (reused.stdout, unknown.stdout):  # a rejection names its field, and no empty "expected , got"
+        assert "expected ," not in said and not said.rstrip().endswith("got )"), said
     absurd = rubick("submit", str(JOBS / "bad" / "million-gpus.yaml"), "--nats-url", url)
     assert absurd.returncode == 2 and "out of range" in absurd.stderr and "1000000" in absurd.stderr
     metrics = urllib.request.urlopen(endpoints["metrics_url"], timeout=5).read().decode()
@@ -128,3 +130,15 @@ def test_demo_runs_end_to_end():
     assert "profile the model type first" in res.stdout  # a new type without a forward time: the policy refuses it
     assert "plan.decided by the policy:" in res.stdout and "gpt2-demo-1: dp" in res.stdout
     assert time.monotonic() - t0 < 120
+
+
+def test_a_rejection_prints_only_what_it_says():
+    from controlplane.cli.submit import _which
+    from controlplane.events.payloads import Rejected
+
+    spec = Rejected(subject="job.submitted", reason="model m: the spec has no profiled forward time", field="model")
+    assert _which(spec) == " (field model)"
+    full = Rejected(subject="job.submitted", reason="r", field="gpus", expected="<= 65536", got="1000000")
+    assert _which(full) == " (field gpus: expected <= 65536, got 1000000)"
+    assert _which(Rejected(subject="job.submitted", reason="r")) == ""
+
