@@ -234,15 +234,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_live(log: Path) -> bool:
-    from .record import read_run
-
-    try:
-        return read_run(log).get("kind") == "live"
-    except (OSError, ValueError):
-        return False
-
-
 def cmd_replay(args: argparse.Namespace) -> int:
     from .verify import format_result, verify
 
@@ -260,12 +251,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         problem = bad_out(args.out)
         if problem:
             return fail(problem)
-        if _is_live(args.log):
-            return fail("a what-if of a live run (rubick up --sim-cluster) is not supported: its submissions carry "
-                        "their senders' wall-clock times; replay it without --policy/--restart-cost to check it")
         if args.policy and args.policy not in policy_names():
             return fail(f"unknown policy {args.policy}; known: {', '.join(policy_names()) or 'none'}")
-        out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)
+        try:
+            out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)
+        except ValueError as exc:
+            return fail(str(exc))
         for p in problems:
             print(f"problem: {p}", file=sys.stderr)
         _print_run(args.out, out)

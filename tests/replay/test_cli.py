@@ -178,3 +178,17 @@ def test_an_out_path_that_is_a_file_is_refused_by_name(tmp_path, capsys):
     (run / "sia").write_text("in the way\n")
     assert main(["simulate", "--trace", str(trace), "--policies", "rubick,sia", "--out", str(run)]) == 2
     assert f"--out {run / 'sia'}: exists and is not a folder" in capsys.readouterr().err
+
+
+def test_a_what_if_of_a_folder_without_a_readable_run_json_says_so(tmp_path, capsys):
+    log = tmp_path / "events"
+    log.mkdir()
+    assert main(["replay", str(log), "--policy", "sia", "--out", str(tmp_path / "wi")]) == 2
+    assert f"{log / 'run.json'}: missing, so the run's configuration" in capsys.readouterr().err
+    (log / "run.json").write_text('{"config": ')
+    assert main(["replay", str(log), "--policy", "sia", "--out", str(tmp_path / "wi")]) == 2
+    assert f"{log / 'run.json'}: unreadable (" in capsys.readouterr().err
+    (log / "run.json").write_text('{"kind": "live", "config": {"policy": "rubick"}, "params": {}}')
+    assert main(["replay", str(log), "--policy", "sia", "--out", str(tmp_path / "wi")]) == 2
+    assert "a live run without its simulated clock" in capsys.readouterr().err
+    assert not (tmp_path / "wi").exists()

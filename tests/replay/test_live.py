@@ -126,9 +126,27 @@ def test_a_live_run_replays_byte_for_byte(live_run, capsys):
     assert f"(plan.decided: {decided} of {decided} recorded)" in text and decided >= 2, text
     assert "job.rejected 2" in text  # the unknown model (admission core) and the bad bytes (its shell)
     assert "OK: every recorded decision was reproduced" in text and "a live run spanning" in text
-    # a live run's submissions carry wall-clock times: no what-if for it
-    assert main(["replay", str(log), "--policy", "equal", "--out", str(data_dir / "wi")]) == 2
-    assert "not supported" in capsys.readouterr().err
+
+
+def test_a_live_run_is_simulated_again_under_another_policy(live_run, capsys):
+    data_dir, _ = live_run
+    log = data_dir / "events"
+    run = json.loads((log / "run.json").read_text())
+    origin = run["config"]["sim_clock_origin"]
+    frame = pl.concat([pl.read_parquet(log / f["name"]) for f in run["files"]]).sort("seq")
+    subs = frame.filter((pl.col("subject") == "job.submitted") & (pl.col("source") == "rubick-submit"))
+    sent = {j: (t / 1e6 - origin) * SPEED for j, t in zip(subs["job_id"], subs["time"].dt.epoch("us"))}
+    assert main(["replay", str(log), "--policy", "equal", "--out", str(data_dir / "wi")]) == 0
+    summary = json.loads((data_dir / "wi" / "summary.json").read_text())
+    assert summary["config"]["policy"] == "equal" and summary["what_if_of"] == str(log)
+    assert summary["what_if_clock"] == {"sim_clock_origin": origin, "sim_speed": SPEED}
+    per_job = {j["job_id"]: j for j in summary["per_job"]}
+    assert {j for j, v in per_job.items() if v["status"] == "completed"} == set(JOBS)
+    assert per_job["bad-unknown-model"]["status"] == "rejected"
+    # each submission arrives when it reached the live run's simulated clock, counted from its start-up
+    assert {j: per_job[j]["submitted_s"] for j in sent} == pytest.approx(sent, abs=1e-3)
+    assert 0 < min(sent.values()) and max(sent.values()) < 3600
+    assert "wi: equal: 5/6 jobs done" in capsys.readouterr().out
 
 
 def test_a_changed_decision_in_a_live_log_is_caught(live_run, tmp_path, capsys):
