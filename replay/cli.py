@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Without --policy: feed the recorded inputs to the same cores and check every "
                                    "plan.decided. With --policy/--restart-cost and --out: simulate the recorded day "
                                    "again with those changes.")
-    v.add_argument("log", type=Path, help="the run's event-log folder (<run>/events)")
+    v.add_argument("log", type=Path, help="the run's event-log folder (<run>/events; the run folder will do)")
     v.add_argument("--policy", help="what-if: another policy")
     v.add_argument("--restart-cost", type=float, help="what-if: another restart cost (s)")
     v.add_argument("--out", type=Path, help="what-if: folder of the new run")
@@ -235,6 +235,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from .config import RUN_FILE
+    from .run import EVENTS_DIR
     from .verify import format_result, verify
 
     problem = bad_number(args, REPLAY_NUMBERS)
@@ -242,6 +244,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return fail(problem)
     if not args.log.is_dir():
         return fail(f"no event-log folder at {args.log}")
+    if not (args.log / RUN_FILE).exists() and (args.log / EVENTS_DIR / RUN_FILE).exists():
+        args.log = args.log / EVENTS_DIR  # a run folder given for its log
     if args.policy or args.restart_cost is not None:
         from .config import policy_names
         from .whatif import what_if

@@ -52,6 +52,9 @@ def test_simulate_report_and_replay(tmp_path, capsys):
     assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "1"]) == 0
     printed = capsys.readouterr().out
     assert "OK: every recorded decision was reproduced" in printed and "processes" not in printed
+    assert main(["replay", str(runs / "rubick"), "--jobs", "1"]) == 0  # the run folder for its log
+    printed = capsys.readouterr().out
+    assert f"replay of {runs / 'rubick' / 'events'}:" in printed and "OK: every recorded decision" in printed
     assert main(["replay", str(runs / "rubick" / "events"), "--jobs", "0"]) == 2
     assert "--jobs must be >= 1 processes, got 0" in capsys.readouterr().err
     assert main(["replay", str(runs / "rubick" / "events"), "--policy", "equal", "--out", str(tmp_path / "wi")]) == 0
