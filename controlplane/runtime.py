@@ -116,10 +116,13 @@ class ControlPlane:
     _services_stop: asyncio.Event = field(default_factory=asyncio.Event)
     _recorder_stop: asyncio.Event = field(default_factory=asyncio.Event)
     _input_tasks: list[asyncio.Task] = field(default_factory=list)
+    started_at: float = 0.0
+    """Wall-clock time of start-up (the origin of a replay's what-if of a run with real agents)."""
     _run_file: bool = False
 
     async def start(self) -> "ControlPlane":
         t0 = time.perf_counter()
+        self.started_at = time.time()
         cfg = self.config
         Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
         if cfg.nats_url:
@@ -180,7 +183,7 @@ class ControlPlane:
             if self.config.sim_cluster:
                 cores, agents = await asyncio.to_thread(self._sim_parts)
             else:
-                cores = await asyncio.to_thread(model_cores, self.config)
+                cores = await asyncio.to_thread(self._deployment_cores)
             from modeler.fit import load_solver
             await asyncio.to_thread(load_solver)  # not in the middle of the run, at the first refit
         except ImportError as exc:  # a deployment without the modeler or policy package
@@ -216,12 +219,30 @@ class ControlPlane:
                             sample_every_s=cfg.sim_sample_every_s, tick_period_s=cfg.tick_period_s,
                             quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None)
         parts = live.build(run_cfg, cache_dir=default_cache_dir())
-        run = live.run_description(parts, stream=self.stream, extra_config={
+        run = live.run_description(parts.config, parts.parts, parts.cores, stream=self.stream, extra_config={
             "sim_speed": cfg.sim_speed, "sim_clock_origin": self.sim_clock.origin})
         live.write_run(cfg.event_log, run)
         self._run_file = True
         shell = SimAgentsShell(parts.agents, self.bus, self.sim_clock, parts.nodes)
         return [parts.core("modeler"), parts.core("policy")], shell
+
+    def _deployment_cores(self) -> list:
+        """The modeler and policy cores of a cluster whose agents register themselves; writes run.json
+        (the wall clock, counted from the first start-up on this stream) so the run can be replayed."""
+        from replay import live
+        from replay.config import default_cache_dir
+
+        run_cfg = deployment_config(self.config)
+        parts, cores = live.deployment(run_cfg, cache_dir=default_cache_dir())
+        run = live.run_description(run_cfg, parts, cores, stream=self.stream, extra_config={
+            "clock": "wall", "sim_speed": 1.0, "sim_clock_origin": self.started_at})
+        run = live.continued(self.config.event_log, run)
+        try:
+            live.write_run(self.config.event_log, run)
+            self._run_file = True
+        except OSError as exc:
+            log.error("could not write %s/run.json (the run cannot be replayed): %r", self.config.event_log, exc)
+        return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
 
     async def _until_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -239,6 +260,11 @@ class ControlPlane:
         doc = {"nats_url": self.nats_url, "metrics_url": self.metrics_url, "event_log": str(self.config.event_log),
                "embedded_server": self.server is not None, "pid": os.getpid()}
         (Path(self.config.data_dir) / ENDPOINTS).write_text(json.dumps(doc, indent=2) + "\n")
+
+    @property
+    def run_recorded(self) -> bool:
+        """Whether run.json was written, so `rubick replay` can check the run."""
+        return self._run_file
 
     def summary(self) -> str:
         where = "embedded nats-server" if self.server else "external NATS"
@@ -303,17 +329,22 @@ class ControlPlane:
         return False
 
 
-def model_cores(cfg: UpConfig) -> list:
-    """The modeler core (fitted on the built-in measurements) and the policy core seeded from it."""
-    from modeler.service import make_core
-    from policy.oracle import from_modeler
-    from policy.registry import make_policy
+def deployment_config(cfg: UpConfig):
+    """The `replay.config.RunConfig` of a deployment whose nodes register themselves (no cluster)."""
+    from replay.config import RunConfig
 
-    modeler = make_core()
-    oracle, models = from_modeler(modeler)
-    policy = make_policy(cfg.policy, oracle=oracle, models=models, restart_cost_s=cfg.restart_cost_s,
-                         quotas=cfg.quotas)
-    return [modeler, policy]
+    return RunConfig(policy=cfg.policy, cluster="", restart_cost_s=cfg.restart_cost_s,
+                     tick_period_s=cfg.tick_period_s,
+                     quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None)
+
+
+def model_cores(cfg: UpConfig) -> list:
+    """The modeler core (fitted on the built-in measurements) and the policy core seeded from it, built
+    as `rubick up` and `rubick replay` build them."""
+    from replay.config import control_cores, default_cache_dir, load_parts
+
+    cores = control_cores(deployment_config(cfg), load_parts(cache_dir=default_cache_dir()))
+    return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
 
 
 def read_endpoints(data_dir: Path = DEFAULT_DATA_DIR) -> dict | None:

@@ -31,12 +31,16 @@ RUN_FILE = "run.json"
 CLUSTER_RE = re.compile(r"^(\d+)x(\d+)$")
 NODE_CPUS, NODE_MEM_GB, GPU_MEM_GB = 96, 1600.0, 80.0
 """The testbed's nodes (8 x A800 80 GB, 96 vCPUs, 1,600 GB)."""
+DEFAULT_NODE_GPUS = 8
+"""GPUs per node the policy's plan book assumes where the configuration names no cluster."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
     policy: str
     cluster: str = "8x8"
+    """"NxG"; "" for a deployment whose nodes register themselves (`rubick up` without
+    `--sim-cluster`): its plan book assumes nodes of `DEFAULT_NODE_GPUS`."""
     restart_cost_s: float = 78.0
     start_cost_s: float = 0.0
     seed: int = 0
@@ -78,6 +82,11 @@ def parse_cluster(text: str) -> tuple[int, int]:
     if not m or int(m[1]) < 1 or not 1 <= int(m[2]) <= 1024:
         raise ValueError(f"cluster {text!r}: expected NODESxGPUS, e.g. 8x8")
     return int(m[1]), int(m[2])
+
+
+def node_gpus(cfg: RunConfig) -> int:
+    """GPUs per node of the configuration's cluster (`DEFAULT_NODE_GPUS` where it names none)."""
+    return parse_cluster(cfg.cluster)[1] if cfg.cluster else DEFAULT_NODE_GPUS
 
 
 def node_events(cluster: str) -> list[Event]:
@@ -185,7 +194,6 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
     from policy.oracle import ModelOracle, TableOracle
     from policy.registry import make_policy
 
-    nodes, node_gpus = parse_cluster(cfg.cluster)
     if cfg.oracle == "model":
         oracle = ModelOracle(env=parts.env, params={k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())})
     elif cfg.oracle == "table":
@@ -193,7 +201,7 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
     else:
         raise ValueError(f"unknown oracle {cfg.oracle!r} (model or table)")
     return make_policy(cfg.policy, oracle=oracle, models=dict(parts.models), restart_cost_s=cfg.restart_cost_s,
-                       quotas=cfg.quotas, node_gpus=node_gpus, batch_s=cfg.batch_s,
+                       quotas=cfg.quotas, node_gpus=node_gpus(cfg), batch_s=cfg.batch_s,
                        hold_s=cfg.hold_s)
 
 

@@ -1,11 +1,12 @@
-"""A live run with simulated node agents (`rubick up --sim-cluster NxG`): its cores and its run.json.
+"""A live run (`rubick up`, with real node agents or simulated ones): its cores and its run.json.
 
 The live control plane builds its modeler and policy cores here, with `replay.config.control_cores`:
 the very function `rubick replay` rebuilds them with. What replay needs is written to `run.json` in
 the event-log folder (the same file a simulated run has; see docs/simulate.md):
 
 - at start-up, before any core consumes an event: the configuration (`config`: policy, cluster,
-  restart cost, sampling period, quotas, ..., plus `sim_speed` and the clock's origin), the
+  restart cost, sampling period, quotas, ..., plus `sim_speed` and the clock's origin; with real
+  agents the clock is the wall clock, `clock: "wall"`, speed 1, origin the first start-up), the
   performance-model parameters the cores start from (`params`), which event sources are the
   cores' answers (`sources`), `kind: "live"`, and the stream token of the log files;
 - when the control plane stops: the manifest of the log files (`files`: rows, sequence range,
@@ -13,6 +14,11 @@ the event-log folder (the same file a simulated run has; see docs/simulate.md):
   after that position never reached that core in the run, so replay does not hand it to the
   rebuilt core either. A run that never stopped cleanly has neither; replay then checks what the
   log holds and says that answers to its last events may be missing.
+
+A deployment with real agents may be stopped and started again on the same stream (its cores rebuild
+their state from it): the record then keeps the clock origin of the first start-up, counts the
+start-ups, and keeps every earlier configuration that differs from the current one (replay rebuilds
+the cores of the last one, and says so).
 """
 
 from __future__ import annotations
@@ -58,10 +64,46 @@ def build(cfg: RunConfig, cache_dir: Path | None = None) -> LiveParts:
     return LiveParts(cfg, parts, control_cores(cfg, parts), agents, nodes)
 
 
-def run_description(live: LiveParts, *, stream: str, extra_config: Mapping[str, Any]) -> dict[str, Any]:
-    return {"format": FORMAT, "kind": KIND, "config": {**live.config.to_json(), **extra_config},
-            "params": live.parts.params, "sources": {c.name: [c.name] for c in live.cores}, "stream": stream,
+def deployment(cfg: RunConfig, cache_dir: Path | None = None) -> tuple[Parts, list[Any]]:
+    """The starting parts and the control cores of a deployment whose nodes register themselves."""
+    parts = load_parts(cache_dir=cache_dir)
+    return parts, control_cores(cfg, parts)
+
+
+def run_description(config: RunConfig, parts: Parts, cores: list[Any], *, stream: str,
+                    extra_config: Mapping[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "kind": KIND, "config": {**config.to_json(), **extra_config},
+            "params": parts.params, "sources": {c.name: [c.name] for c in cores}, "stream": stream,
             "files": []}
+
+
+CLOCK_KEYS = ("sim_clock_origin", "sim_speed", "clock")
+
+
+def _without_clock(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in CLOCK_KEYS}
+
+
+def continued(log_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """`run` as recorded at a start-up that goes on with the stream of an earlier one (same stream
+    token in the folder's run.json): the first start-up's clock origin, the number of start-ups, and
+    the earlier configurations that differ from this one. Otherwise `run` itself."""
+    try:
+        earlier = json.loads((Path(log_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return run
+    if not isinstance(earlier, dict) or earlier.get("stream") != run["stream"] or earlier.get("kind") != KIND:
+        return run
+    old = earlier.get("config") or {}
+    out = {**run, "config": dict(run["config"]), "starts": int(earlier.get("starts", 1)) + 1}
+    if "sim_clock_origin" in old:
+        out["config"]["sim_clock_origin"] = old["sim_clock_origin"]
+    history = list(earlier.get("earlier_configs", []))
+    if _without_clock(old) != _without_clock(out["config"]) or earlier.get("params") != run["params"]:
+        history.append({"config": old, "params": earlier.get("params")})
+    if history:
+        out["earlier_configs"] = history
+    return out
 
 
 def write_run(log_dir: Path, run: Mapping[str, Any]) -> Path:

@@ -12,7 +12,7 @@ from controlplane.events import Event, JobSubmitted, make
 
 from agents.simulated import GroundTruth, SimulatedAgents
 
-from .config import Parts, PolicyFactory, RunConfig, control_cores, node_events, parse_cluster
+from .config import Parts, PolicyFactory, RunConfig, control_cores, node_events, node_gpus
 from .record import write_log
 from .simulator import SimResult, Simulation
 from .summary import packed_placements, summarize
@@ -58,7 +58,6 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
     `out_dir` is given (`events/` log with run.json, and summary.json)."""
     import time
 
-    _, node_gpus = parse_cluster(cfg.cluster)
     truth = ground_truth(parts)
     agents = SimulatedAgents(truth, restart_cost_s=cfg.restart_cost_s, start_cost_s=cfg.start_cost_s,
                              sample_every_s=cfg.sample_every_s,
@@ -78,7 +77,7 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
         "ignored_decisions": agents.ignored_decisions,
         **(extra or {}),
     }
-    summary = summarize(result.events, result.wire, reference_time(truth, node_gpus), extra=sim_extra,
+    summary = summarize(result.events, result.wire, reference_time(truth, node_gpus(cfg)), extra=sim_extra,
                         start_cost_s=cfg.start_cost_s, quotas=cfg.quotas)
     files: list[Path] = []
     t0 = time.perf_counter()

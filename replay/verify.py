@@ -287,6 +287,11 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
         return result
     cfg = RunConfig.from_json(run["config"])
     cores = control_cores(cfg, load_parts(params=run["params"]), policy_factory)
+    if run.get("earlier_configs"):
+        result.notes.append(f"the run was started {run.get('starts', '?')} times and its configuration or starting "
+                            f"parameters changed in between ({len(run['earlier_configs'])} earlier one(s) in "
+                            "run.json): the cores are rebuilt with the last, so decisions made under an earlier "
+                            "one may differ")
     if only is not None:
         unknown = sorted(set(only) - {c.name for c in cores})
         if unknown or not only:

@@ -8,7 +8,9 @@ is written like any other (`events/`, `summary.json`), its summary naming the ru
 A live run (`rubick up --sim-cluster`) is put on the simulated clock first, counted from its
 start-up: the agents' events carry that clock (`sim_clock_origin` at start-up), and a submission,
 stamped with its sender's wall-clock time, reached that clock at `sim_clock_origin + (time -
-sim_clock_origin) x sim_speed`. The what-if then runs that day as a trace from time 0.
+sim_clock_origin) x sim_speed`. The what-if then runs that day as a trace from time 0. A run with
+real agents (`clock: "wall"`) is on the wall clock (speed 1, counted from its first start-up), and
+its simulated cluster is the nodes that registered in it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ def on_simulated_clock(inputs: list[Event], config: dict[str, Any]) -> list[Even
     return sorted(timed, key=lambda e: e.time)
 
 
+def cluster_of(inputs: list[Event], log_dir: Path) -> str:
+    """"NxG" of the nodes registered among the inputs (G: the most GPUs any of them has)."""
+    gpus: dict[str, int] = {}
+    for e in inputs:
+        if e.base == "node.registered":
+            gpus[e.payload.node] = int(e.payload.gpus)
+    if not gpus or max(gpus.values()) < 1:
+        raise ValueError(f"{log_dir}: no node with GPUs registered in the run; nothing to simulate it on")
+    return f"{len(gpus)}x{max(gpus.values())}"
+
+
 def what_if(log_dir: str | Path, out_dir: str | Path, *, policy: str | None = None,
             restart_cost_s: float | None = None, policy_factory: PolicyFactory | None = None) -> tuple[RunOutput, list[str]]:
     log_dir = Path(log_dir)
@@ -66,12 +79,17 @@ def what_if(log_dir: str | Path, out_dir: str | Path, *, policy: str | None = No
         changes["policy"] = policy
     if restart_cost_s is not None:
         changes["restart_cost_s"] = restart_cost_s
+    if not cfg.tick_period_s > 0:  # a live run without clock ticks: the simulator keeps time with them
+        changes["tick_period_s"] = RunConfig.tick_period_s
     cfg = replace(cfg, **changes)
     inputs, problems = recorded_inputs(log_dir, run)
     extra: dict[str, Any] = {"what_if_of": str(log_dir), "what_if_changes": changes, "what_if_input_problems": problems}
     if run.get("kind") == "live":
         inputs = on_simulated_clock(inputs, run["config"])
-        extra["what_if_clock"] = {k: run["config"][k] for k in ("sim_clock_origin", "sim_speed")}
+        extra["what_if_clock"] = {k: run["config"][k] for k in ("sim_clock_origin", "sim_speed", "clock")
+                                  if k in run["config"]}
+    if not cfg.cluster:
+        cfg = replace(cfg, cluster=cluster_of(inputs, log_dir))
     out = simulate(cfg, inputs, load_parts(params=run["params"]), policy_factory=policy_factory, out_dir=Path(out_dir),
                    extra=extra)
     return out, problems

@@ -28,8 +28,8 @@ def register(sub) -> None:
     p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
     p.add_argument("--sim-cluster", metavar="NxG",
-                   help="also run simulated node agents: N nodes of G GPUs (e.g. 2x4); needs a fresh --data-dir, "
-                        "and the run can be checked with `rubick replay DATA_DIR/events`")
+                   help="also run simulated node agents: N nodes of G GPUs (e.g. 2x4); needs a fresh --data-dir. "
+                        "With or without it, the run can be checked with `rubick replay DATA_DIR/events`")
     p.add_argument("--sim-speed", type=float, default=1.0,
                    help="simulated seconds per wall second of the simulated cluster (default 1)")
     p.add_argument("--sim-sample-every", type=float, default=600.0,
@@ -92,7 +92,7 @@ async def _serve(cfg: UpConfig) -> int:
     rec = plane.recorder
     print(f"stopped: {rec.rows_written} events recorded in {rec.files_written} files under {cfg.event_log}",
           flush=True)
-    if cfg.sim_cluster:
+    if plane.run_recorded:
         note = "" if plane.settled else " (stopped before every core answered what was stored)"
         print(f"check it: rubick replay {cfg.event_log}{note}", flush=True)
     return code
