@@ -1,8 +1,9 @@
 """`rubick demo`: the whole event backbone on this machine in a few seconds.
 
 Starts the embedded control plane in a fresh folder, registers a simulated
-2-node cluster, submits the example jobs (and refused ones), stops cleanly, and
-shows the recorded event log and the cluster state folded from it.
+2-node cluster, submits the example jobs (and refused ones), stops cleanly,
+shows the recorded event log and the cluster state folded from it, and replays
+the log to check that every decision is reproduced byte for byte.
 """
 
 from __future__ import annotations
@@ -91,4 +92,10 @@ async def _demo(data_dir: Path, jobs_dir: Path) -> int:
                 print(f"  round {e.payload.round}: {d.job_id}: {plan} on {where} "
                       f"({d.predicted_throughput:g} samples/s; {d.reason})")
     print("\n" + render(fold(decoded, known_models=builtin_model_types())))
-    return 0
+    if not plane.run_recorded:
+        return 0
+    from replay.verify import format_result, verify
+
+    checked = verify(cfg.event_log)
+    print("\n" + format_result(checked, cfg.event_log))
+    return 0 if checked.ok else 1

@@ -129,6 +129,7 @@ def test_demo_runs_end_to_end():
     assert "stopped cleanly" in res.stdout and "jobs: 3 queued; 2 rejected" in res.stdout
     assert "profile the model type first" in res.stdout  # a new type without a forward time: the policy refuses it
     assert "plan.decided by the policy:" in res.stdout and "gpt2-demo-1: dp" in res.stdout
+    assert "OK: every recorded decision was reproduced" in res.stdout  # the demo's own log, replayed
     assert time.monotonic() - t0 < 120
 
 
