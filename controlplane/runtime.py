@@ -242,7 +242,7 @@ class ControlPlane:
             self._run_file = True
         except OSError as exc:
             log.error("could not write %s/run.json (the run cannot be replayed): %r", self.config.event_log, exc)
-        return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
+        return _modeler_and_policy(cores)
 
     async def _until_ready(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -341,9 +341,14 @@ def deployment_config(cfg: UpConfig):
 def model_cores(cfg: UpConfig) -> list:
     """The modeler core (fitted on the built-in measurements) and the policy core seeded from it, built
     as `rubick up` and `rubick replay` build them."""
-    from replay.config import control_cores, default_cache_dir, load_parts
+    from replay.config import default_cache_dir
+    from replay.live import deployment
 
-    cores = control_cores(deployment_config(cfg), load_parts(cache_dir=default_cache_dir()))
+    _, cores = deployment(deployment_config(cfg), cache_dir=default_cache_dir())
+    return _modeler_and_policy(cores)
+
+
+def _modeler_and_policy(cores: list) -> list:
     return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
 
 

@@ -72,3 +72,17 @@ def completed(job_id: str, iters: int = 1000) -> JobCompleted:
 
 def lost(name: str) -> NodeLost:
     return NodeLost(node=name, reason="test")
+
+
+async def decided(plane, count: int, timeout: float = 30.0) -> list:
+    """The stored `plan.decided` deliveries of a running control plane, once there are `count` (or
+    when `timeout` seconds have passed)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        got = [d async for d in plane.bus.read(("plan.decided",))]
+        if len(got) >= count or loop.time() > deadline:
+            return got
+        await asyncio.sleep(0.1)

@@ -10,17 +10,7 @@ from controlplane.eventlog import events as log_events
 from controlplane.events import Plan, make
 from controlplane.runtime import ControlPlane, UpConfig
 
-from .helpers import job, node
-
-
-async def decided(plane: ControlPlane, count: int, timeout: float = 30.0) -> list:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = [d async for d in plane.bus.read(("plan.decided",))]
-        if len(got) >= count or loop.time() > deadline:
-            return got
-        await asyncio.sleep(0.1)
+from .helpers import decided, job, node
 
 
 async def start(tmp_path) -> ControlPlane:

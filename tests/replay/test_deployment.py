@@ -20,17 +20,7 @@ from controlplane.events import MetricsIteration, Plan, decode, make
 from controlplane.runtime import ControlPlane, UpConfig
 from replay.verify import verify
 
-from ..policy.helpers import job, node
-
-
-async def decided(plane: ControlPlane, count: int, timeout: float = 60.0) -> list:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        got = [d async for d in plane.bus.read(("plan.decided",))]
-        if len(got) >= count or loop.time() > deadline:
-            return got
-        await asyncio.sleep(0.1)
+from ..policy.helpers import decided, job, node
 
 
 async def run_once(data_dir: Path, policy: str, step, *, nodes: bool) -> dict:
@@ -62,7 +52,7 @@ async def test_a_deployment_with_its_own_agents_is_replayed_across_a_restart(tmp
     async def first(plane, client) -> None:
         await client.submit(job("gpt2-a", "gpt2", 16, Plan(dp=4, zero_stage=2), 4, 32, guaranteed=True), wait_s=0.3)
         await client.submit(job("vit-b", "vit", 64, Plan(dp=2), 2, 16), wait_s=0.3)
-        rounds = await decided(plane, 1)
+        rounds = await decided(plane, 1, 60)
         assert rounds, "no plan.decided"
         last = {d.job_id: d for r in rounds for d in decode(r.data, r.subject).payload.decisions}
         for d in last.values():
@@ -74,7 +64,7 @@ async def test_a_deployment_with_its_own_agents_is_replayed_across_a_restart(tmp
     async def second(plane, client) -> None:
         before = len(await decided(plane, 0, 0))
         await client.submit(job("bert-c", "bert", 32, Plan(dp=2), 2, 16), wait_s=0.3)
-        assert len(await decided(plane, before + 1)) > before
+        assert len(await decided(plane, before + 1, 60)) > before
 
     run1 = await run_once(data_dir, "rubick", first, nodes=True)
     assert run1["kind"] == "live" and run1["config"]["clock"] == "wall" and run1["config"]["cluster"] == ""
