@@ -99,3 +99,17 @@ async def test_a_deployment_with_its_own_agents_is_replayed_across_a_restart(tmp
     assert run3["starts"] == 3 and [c["config"]["policy"] for c in run3["earlier_configs"]] == ["rubick"]
     main(["replay", str(log)])
     assert "its configuration or starting parameters changed in between" in capsys.readouterr().out
+
+
+async def test_a_what_if_of_a_deployment_where_no_node_registered_says_so(tmp_path, capsys):
+    async def one_job(plane, client) -> None:
+        await client.submit(job("vit-x", "vit", 64, Plan(dp=2), 2, 16), wait_s=0.3)
+
+    run = await run_once(tmp_path / "rk", "rubick", one_job, nodes=False)
+    assert run["kind"] == "live" and run["consumed"]["admission"] >= 1
+    log = tmp_path / "rk" / "events"
+    assert main(["replay", str(log)]) == 0  # nothing decided, nothing to differ
+    capsys.readouterr()
+    assert main(["replay", str(log), "--policy", "sia", "--out", str(tmp_path / "wi")]) == 2
+    assert "no node with GPUs registered in the run; nothing to simulate it on" in capsys.readouterr().err
+    assert not (tmp_path / "wi" / "summary.json").exists()
