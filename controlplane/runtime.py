@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import metrics
@@ -212,12 +212,10 @@ class ControlPlane:
         """(modeler and policy cores, the simulated agents' shell) of a simulated cluster; writes run.json."""
         from agents.sim_shell import SimAgentsShell
         from replay import live
-        from replay.config import RunConfig, default_cache_dir
+        from replay.config import default_cache_dir
 
         cfg = self.config
-        run_cfg = RunConfig(policy=cfg.policy, cluster=cfg.sim_cluster, restart_cost_s=cfg.restart_cost_s,
-                            sample_every_s=cfg.sim_sample_every_s, tick_period_s=cfg.tick_period_s,
-                            quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None)
+        run_cfg = replace(deployment_config(cfg), cluster=cfg.sim_cluster, sample_every_s=cfg.sim_sample_every_s)
         parts = live.build(run_cfg, cache_dir=default_cache_dir())
         run = live.run_description(parts.config, parts.parts, parts.cores, stream=self.stream, extra_config={
             "sim_speed": cfg.sim_speed, "sim_clock_origin": self.sim_clock.origin})
@@ -330,7 +328,8 @@ class ControlPlane:
 
 
 def deployment_config(cfg: UpConfig):
-    """The `replay.config.RunConfig` of a deployment whose nodes register themselves (no cluster)."""
+    """The `replay.config.RunConfig` of `rubick up`'s settings, for a deployment whose nodes register
+    themselves (no cluster; a simulated cluster sets its own)."""
     from replay.config import RunConfig
 
     return RunConfig(policy=cfg.policy, cluster="", restart_cost_s=cfg.restart_cost_s,
