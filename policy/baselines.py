@@ -1,6 +1,7 @@
 """The baselines of the paper's evaluation, each in the engine interface of `RubickEngine`
 (`schedule(nodes, jobs) -> list[Outcome]`), so every policy runs in the same core on equal terms:
-the same oracle, the same events, the same restart cost.
+the same oracle, the same events, the same restart cost. A job run at a fixed size goes best fit
+(`_fit`), or, where no plan of it runs there, on an equal split over more nodes (`_place`).
 
 - `sia` (Jayaram Subramanya et al., SOSP'23): goodput-driven re-allocation of GPU counts every
   round. Kept: the configuration set (1, 2, 4, 8 GPUs, then whole nodes), all jobs re-optimised
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from controlplane.events import Plan
 from modeler.spec import ModelType
 
-from .curves import Best, JobKind, PlanBook, packed
+from .curves import Best, JobKind, PlanBook, packed, request_placements
 from .engine import JobIn, NodeCap, Outcome
 from .plans import ALL_FAMILIES
 
@@ -52,6 +53,10 @@ class _Simple:
         self.caps = {n.name: n for n in nodes}
         self.free_g = {n.name: n.gpus for n in nodes}
         self.free_c = {n.name: n.cpus for n in nodes}
+
+    @staticmethod
+    def _requested_cpg(job: JobIn) -> int:
+        return max(1, job.requested_cpus // max(1, job.requested_gpus))
 
     def _fair_cpg(self, node: str) -> int:
         cap = self.caps[node]
@@ -93,6 +98,22 @@ class _Simple:
                 place[n] = take
                 left -= take
         return place if left <= 0 else None
+
+    def _place(self, job: JobIn, gpus: int, cpg: int) -> dict[str, int] | None:
+        """Where `gpus` GPUs of the job go: the best-fit placement (`_fit`) where some plan of the
+        job runs on it, else the first equal split of `request_placements` that the free GPUs
+        allow and that a plan runs on (a plan measured only on six 4-GPU nodes, TP = 5 on 5-GPU
+        nodes), each share on the nodes with the fewest free GPUs that hold it. Without either, the
+        best-fit placement (its outcome then says that no plan fits it), or None."""
+        place = self._fit(gpus)
+        if place is not None and self.book.best_within(job.kind, tuple(place.values()), cpg).plan is not None:
+            return place
+        for split in request_placements(gpus, self.book.node_gpus)[1:]:
+            share = split[0]
+            hosts = sorted((n for n in self.free_g if self.free_g[n] >= share), key=lambda n: (self.free_g[n], n))
+            if len(hosts) >= len(split) and self.book.best_within(job.kind, split, cpg).plan is not None:
+                return {n: share for n in hosts[:len(split)]}
+        return place
 
     def _take(self, place: dict[str, int], cpg: int) -> dict[str, int]:
         cpus = {}
@@ -156,7 +177,7 @@ class SynergyEngine(_Simple):
             else:
                 waiting.append(job)
         for job in waiting:
-            place = self._fit(job.requested_gpus)
+            place = self._place(job, job.requested_gpus, self._requested_cpg(job))
             if place is None:
                 out[job.job_id] = self._outcome(job, None, {}, "queued")
                 continue
@@ -189,19 +210,19 @@ class AntManEngine(_Simple):
         for job in ordered:  # guaranteed jobs waiting: idle GPUs, else preempt best-effort jobs
             if job.job_id not in guaranteed or job.job_id in held:
                 continue
-            place = self._fit(job.requested_gpus)
+            place = self._place(job, job.requested_gpus, self._requested_cpg(job))
             victims = []
             if place is None:
                 for v in sorted((j for j in ordered if j.job_id in held and j.job_id not in guaranteed),
                                 key=lambda j: (-j.order, j.job_id)):
                     self._give(*held.pop(v.job_id))
                     victims.append(v.job_id)
-                    place = self._fit(job.requested_gpus)
+                    place = self._place(job, job.requested_gpus, self._requested_cpg(job))
                     if place is not None:
                         break
             if place is None:
                 continue
-            cpus = self._take(place, max(1, job.requested_cpus // max(1, job.requested_gpus)))
+            cpus = self._take(place, self._requested_cpg(job))
             held[job.job_id] = (place, cpus)
             for v in victims:
                 out[v] = Outcome(v, {}, None, 0.0, "preempted", {"by": job.job_id})
@@ -210,9 +231,9 @@ class AntManEngine(_Simple):
                 continue
             if job.job_id in guaranteed:
                 continue
-            place = self._fit(job.requested_gpus)
+            place = self._place(job, job.requested_gpus, self._requested_cpg(job))
             if place is not None:
-                held[job.job_id] = (place, self._take(place, max(1, job.requested_cpus // max(1, job.requested_gpus))))
+                held[job.job_id] = (place, self._take(place, self._requested_cpg(job)))
         for job in ordered:
             if job.job_id in out:
                 continue
@@ -251,7 +272,7 @@ class EqualEngine(_Simple):
             if job.job_id in out:
                 continue
             g = self._usable(job, max(share, least[job.job_id]))
-            place = self._fit(g) if g else None
+            place = self._place(job, g, min(self._fair_cpg(n) for n in self.caps)) if g else None
             if place is None:
                 out[job.job_id] = self._outcome(job, None, {}, "queued")
                 continue
@@ -327,8 +348,10 @@ class SiaEngine(_Simple):
 
         def value(j: JobIn, g: int) -> float:
             key = (j.job_id, g)
-            if key not in tput:
-                tput[key] = self.book.best(j.kind, packed(g, self.book.node_gpus), cpg[j.job_id]).throughput
+            if key not in tput:  # on the packed placement, else the first equal split a plan runs on
+                tput[key] = next((b.throughput for b in (self.book.best(j.kind, p, cpg[j.job_id])
+                                                         for p in request_placements(g, self.book.node_gpus))
+                                  if b.plan is not None), 0.0)
             return tput[key]
 
         ref = {j.job_id: value(j, j.requested_gpus) or max((value(j, g) for g in self._sizes(j, total)), default=0)
@@ -377,7 +400,7 @@ class SiaEngine(_Simple):
             if j.job_id in out:
                 continue
             g = size.get(j.job_id, 0)
-            place = self._fit(g) if g else None
+            place = self._place(j, g, cpg[j.job_id]) if g else None
             if place is None:
                 out[j.job_id] = self._outcome(j, None, {}, "queued")
                 continue

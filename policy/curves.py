@@ -79,6 +79,20 @@ def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:
     return (node_gpus,) * full + ((rest,) if rest else ())
 
 
+def request_placements(gpus: int, node_gpus: int) -> list[tuple[int, ...]]:
+    """Where a fixed-size request may run, best first: the packed placement, then the same GPUs
+    split equally over more and more nodes (24 GPUs on 8-GPU nodes: 8;8;8, 6;6;6;6, 4;4;4;4;4;4,
+    ...). A plan whose TP or PP does not fit the packed placement (GPT-2's TP = 5, a LLaMA-30B plan
+    measured on six 4-GPU nodes) runs on one of the splits."""
+    out = [packed(gpus, node_gpus)]
+    for n in range(max(1, -(-gpus // node_gpus)), gpus + 1):
+        if gpus % n == 0 and gpus // n <= node_gpus:
+            p = (gpus // n,) * n
+            if p not in out:
+                out.append(p)
+    return out
+
+
 def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:
     """`placement` and the placements left by taking GPUs one at a time off its smallest nodes."""
     cur = list(canonical(placement))

@@ -11,11 +11,12 @@ from typing import Any, Sequence
 from controlplane.events import Event, JobSubmitted, make
 
 from agents.simulated import GroundTruth, SimulatedAgents
+from policy.curves import request_placements
 
 from .config import Parts, PolicyFactory, RunConfig, control_cores, node_events, node_gpus
 from .record import write_log
 from .simulator import SimResult, Simulation
-from .summary import packed_placements, summarize
+from .summary import summarize
 from .trace import TraceJob
 
 SUMMARY_FILE = "summary.json"
@@ -37,7 +38,7 @@ def ground_truth(parts: Parts) -> GroundTruth:
 def reference_time(truth: GroundTruth, node_gpus: int):
     def ref(sub: JobSubmitted) -> float:
         fallback = math.inf
-        for place in packed_placements(sub.resources.gpus, node_gpus):
+        for place in request_placements(sub.resources.gpus, node_gpus):
             t, source = truth.peek(sub.model.type, sub.plan, place, None, sub.global_batch_size)
             if source == "table":
                 return t

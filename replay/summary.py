@@ -40,18 +40,6 @@ RefTime = Callable[[JobSubmitted], float]
 """Seconds one iteration takes on the job's requested plan and packed placement (inf if it cannot run)."""
 
 
-def packed_placements(gpus: int, node_gpus: int = 8) -> list[tuple[int, ...]]:
-    """Candidate placements for a request, best first: whole nodes first, then equal splits."""
-    full, rest = divmod(gpus, node_gpus)
-    out = [tuple([node_gpus] * full + ([rest] if rest else []))]
-    for n in range(max(1, -(-gpus // node_gpus)), gpus + 1):
-        if gpus % n == 0 and gpus // n <= node_gpus:
-            p = tuple([gpus // n] * n)
-            if p not in out:
-                out.append(p)
-    return out
-
-
 def plan_stream_sha256(wire: Sequence[bytes], subjects: Sequence[str]) -> str:
     h = hashlib.sha256()
     for data, subject in zip(wire, subjects):
