@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from . import metrics
 from .admission import AdmissionCore
 from .bus.nats import JetStreamBus
 from .models import builtin_model_types
-from .natsserver import NatsServer
+from .natsserver import NatsServer, last_port
 from .recorder.service import Recorder, RecorderConfig, stream_token
 from .service import ServiceShell
 from .ticker import run_ticker
@@ -46,8 +45,9 @@ class UpConfig:
     data_dir: Path = DEFAULT_DATA_DIR
     nats_url: str | None = None
     """Use this NATS deployment instead of starting the embedded server."""
-    nats_port: int = DEFAULT_NATS_PORT
-    """Port of the embedded server; a free one is picked when it is taken (0: always pick)."""
+    nats_port: int | None = None
+    """Port of the embedded server. None: the one this data folder's server used last, else 4222, else a
+    free one; 0: a free one; any other: that one (an error if another program listens on it)."""
     metrics_port: int = 9464
     tick_period_s: float = 60.0
     roll_seconds: float = 2.0
@@ -72,13 +72,14 @@ class UpConfig:
         return Path(self.log_dir) if self.log_dir else Path(self.data_dir) / "events"
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def embedded_server(cfg: UpConfig) -> NatsServer:
+    """The embedded server of `cfg`: with no port given, the one its data folder used last, else the
+    default, else a free one; a port given is used or is an error."""
+    data = Path(cfg.data_dir) / "nats"
+    if cfg.nats_port is None:
+        last = last_port(data)
+        return NatsServer(data, preferred_ports=tuple(p for p in (last, DEFAULT_NATS_PORT) if p))
+    return NatsServer(data, port=cfg.nats_port)
 
 
 class _Shell(ServiceShell):
@@ -128,9 +129,12 @@ class ControlPlane:
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
         else:
-            port = cfg.nats_port if cfg.nats_port and _port_free(cfg.nats_port) else 0
-            self.server = NatsServer(Path(cfg.data_dir) / "nats", port=port)
-            await asyncio.to_thread(self.server.start)
+            self.server = embedded_server(cfg)
+            self.server.spawn()  # on this thread, which lives as long as the process: the server dies with it
+            await asyncio.to_thread(self.server.wait_ready)
+            for pid in self.server.stopped_orphans:
+                log.warning("stopped nats-server pid %d left running on %s by a control plane that died",
+                            pid, self.server.store)
             self.nats_url = self.server.url
         self.bus = await JetStreamBus.connect(self.nats_url, name="rubick-up")
         if cfg.metrics_port is not None and cfg.metrics_port >= 0:
@@ -308,7 +312,8 @@ class ControlPlane:
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
         endpoints = Path(self.config.data_dir) / ENDPOINTS
-        endpoints.unlink(missing_ok=True)
+        if (read_endpoints(self.config.data_dir) or {}).get("pid") == os.getpid():  # not another control plane's
+            endpoints.unlink(missing_ok=True)
 
     async def _settle(self, timeout: float) -> bool:
         """Until every core has handled everything stored (and the stream stops growing), or `timeout`."""

@@ -16,8 +16,9 @@ def register(sub) -> None:
     p = sub.add_parser("up", help="run the control plane (embedded NATS + JetStream, recorder, admission, clock)")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="local data folder (default .rubick)")
     p.add_argument("--nats-url", help="use this NATS deployment instead of starting the embedded server")
-    p.add_argument("--port", type=int, default=DEFAULT_NATS_PORT,
-                   help="port of the embedded NATS server (default 4222; a free one if taken)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"port of the embedded NATS server (an error if taken; default: the one this data folder "
+                        f"used last, else {DEFAULT_NATS_PORT}, else a free one)")
     p.add_argument("--metrics-port", type=int, default=9464, help="Prometheus port (default 9464; -1 = off)")
     p.add_argument("--tick-period", type=float, default=60.0, help="seconds between clock.tick (0 = none)")
     p.add_argument("--policy", default="rubick",
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         quotas = read_quotas(args.quotas)
     except (OSError, ValueError) as exc:
         return fail(str(exc))
+    if args.port is not None and not 0 <= args.port < 65536:
+        return fail(f"--port must be between 0 and 65535, got {args.port}")
     from policy.registry import POLICIES
     if args.policy not in POLICIES:
         return fail(f"unknown policy {args.policy!r}: choose one of {', '.join(POLICIES)}")
