@@ -3,7 +3,9 @@
 `Launcher` is the interface the agent shell uses; `LocalLauncher` runs torchrun (one process
 per device) in its own process group, bound to the allocated CPU cores, with its log, run file,
 status and checkpoint in `<state_dir>/jobs/<job_id>/`. Training processes do not depend on the
-agent: when the agent dies they go on, and a restarted agent finds them with `find()`.
+agent: when the agent dies they go on, and a restarted agent finds them with `find()`; if none
+does within the training lease (`agents.lease`), they checkpoint and exit. A job on one node
+listens on the loopback interface only (`agents.torchrun`).
 A Kubernetes launcher (pods instead of processes) fits the same interface.
 """
 
@@ -22,8 +24,9 @@ from typing import Any, Protocol
 from controlplane.events import NodeShare, Plan, build
 from controlplane.events.schema import to_plain
 
+from . import lease
 from .core import Exited, Fact, FirstIteration, Found, Launch
-from .plan_config import PlanError, torchrun_args
+from .plan_config import PlanError, torchrun_args, torchrun_env
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "examples" / "trainer" / "train.py"
@@ -52,6 +55,7 @@ class _Proc:
     run_file: Path
     first_iteration_seen: bool = False
     stop_asked_at: float | None = None
+    lease_renewed_at: float = 0.0
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -104,6 +108,11 @@ class LocalLauncher:
     run_extra: dict[str, Any] = field(default_factory=dict)
     """Added to every run file (size, seed, lr, checkpoint_every, ...)."""
     stop_timeout_s: float = 300.0
+    lease_s: float = field(default_factory=lease.lease_seconds)
+    """The training lease (`agents.lease`): its processes checkpoint and exit when it is not renewed for
+    this long (0: never). Renewed at every poll."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the training processes' environment: the node's reporter credentials (docs/security.md)."""
     procs: dict[str, _Proc] = field(default_factory=dict)
 
     def job_dir(self, job_id: str) -> Path:
@@ -133,16 +142,18 @@ class LocalLauncher:
         write_json(run_file, run)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "OMP_NUM_THREADS": str(max(1, (a.share.cpus or 1) // max(1, a.share.gpus))),
-               "RUBICK_JOB_ID": a.job.job_id, "RUBICK_NODE": self.node}
+               "RUBICK_JOB_ID": a.job.job_id, "RUBICK_NODE": self.node, **torchrun_env(a.allocation),
+               lease.LEASE_ENV: f"{self.lease_s:g}", **self.env}
         if not self.cpu_devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.devices)
-        cmd = [self.python, "-m", "torch.distributed.run", *targs, str(self.trainer), str(run_file)]
+        cmd = [self.python, "-m", "agents.torchrun", *targs, str(self.trainer), str(run_file)]
         cores = set(a.cpu_cores)
 
         def bind() -> None:  # runs in the child before exec: torchrun and its workers inherit it
             if cores:
                 os.sched_setaffinity(0, cores)
 
+        lease.renew(d)
         with open(d / f"log-a{a.attempt}.txt", "ab") as log:
             try:
                 popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -183,6 +194,9 @@ class LocalLauncher:
         now = time.time()
         for job_id in sorted(self.procs):
             proc = self.procs[job_id]
+            if self.lease_s > 0 and now - proc.lease_renewed_at >= min(1.0, self.lease_s / 4):
+                lease.renew(self.job_dir(job_id), now)
+                proc.lease_renewed_at = now
             status = self._status(proc)
             if not proc.first_iteration_seen and status and status.get("first_iteration_at"):
                 proc.first_iteration_seen = True

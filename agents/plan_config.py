@@ -56,18 +56,33 @@ def torchrun_args(job_id: str, allocation: Sequence[NodeShare], node: str, *, rd
                   rdzv_port: int = 29400) -> list[str]:
     """torchrun arguments for this node's share of a job (one process per device).
 
-    One node: `--standalone` (a private rendezvous on a free port). Several nodes: every node
-    runs the same number of processes and meets at the first node's c10d rendezvous.
+    One node: a private c10d rendezvous on a free port of 127.0.0.1 (run them with `agents.torchrun`,
+    which keeps its stores on the loopback interface). Several nodes: every node runs the same number
+    of processes and meets at the first node's c10d rendezvous.
     """
     nodes = [s.node for s in allocation if s.gpus > 0]
     if node not in nodes:
         raise PlanError(f"node {node} has no devices in the allocation")
     share = next(s for s in allocation if s.node == node)
     if len(nodes) == 1:
-        return ["--standalone", "--nnodes=1", f"--nproc-per-node={share.gpus}"]
+        return loopback_args(job_id, share.gpus)
     counts = {s.gpus for s in allocation if s.gpus > 0}
     if len(counts) != 1:
         raise PlanError("torchrun needs the same number of devices on every node of a job")
     host = rdzv_host or nodes[0]
     return [f"--nnodes={len(nodes)}", f"--nproc-per-node={share.gpus}", f"--node-rank={nodes.index(node)}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{rdzv_port}", f"--rdzv-id={job_id}"]
+
+
+def loopback_args(run_id: str, nproc: int) -> list[str]:
+    """torchrun arguments of a job on this node only: everything on 127.0.0.1."""
+    return ["--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={run_id}", "--local-addr=127.0.0.1"]
+
+
+def torchrun_env(allocation: Sequence[NodeShare]) -> dict[str, str]:
+    """Environment of a job's training processes: a job on one node keeps its sockets on the loopback
+    interface (gloo's and NCCL's own listeners; the rendezvous stores are `agents.torchrun`'s part)."""
+    if len([s for s in allocation if s.gpus > 0]) == 1:
+        return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    return {}

@@ -3,7 +3,8 @@
 For each plan change and run: the trainer runs under the first plan; once it is past its first
 iterations the stop is asked (as the agent does, through the stop file); it checkpoints and exits;
 the trainer is launched under the second plan, resumes from the checkpoint, and the clock stops at
-the end of its first iteration. Prints each run and the median over runs of:
+the end of its first iteration. Whatever stops the benchmark (an error, Ctrl-C, SIGTERM, SIGHUP, or a
+kill -9, through the trainer's link to its parent), the trainers it started end with it. Prints each run and the median over runs of:
 
   checkpoint  stop asked -> checkpoint written        exit   checkpoint written -> processes gone
   relaunch    launch -> resumed and ready to train    first  the first iteration under the new plan
@@ -15,7 +16,6 @@ the end of its first iteration. Prints each run and the median over runs of:
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
 import sys
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.events import Plan, build  # noqa: E402
 from controlplane.events.schema import to_plain  # noqa: E402
-from examples.trainer.runner import start, wait_for  # noqa: E402
+from examples.trainer.runner import kill_group, start, wait_for  # noqa: E402
 
 CHANGES: dict[str, tuple[dict, dict]] = {
     "dp2-z2 -> dp1-z2-off-ga2": ({"dp": 2, "zero_stage": 2}, {"dp": 1, "zero_stage": 2, "offload": True, "ga_steps": 2}),
@@ -42,10 +42,8 @@ def one_run(root: Path, before: Plan, after: Plan, size: str) -> dict[str, float
     try:
         return _measure(root, before, after, size, procs)
     finally:
-        for proc in procs:  # nothing is left running, whatever happened
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for proc in procs:  # nothing is left running, whatever happened (a worker may outlive torchrun)
+            kill_group(proc)
 
 
 def _measure(root: Path, before: Plan, after: Plan, size: str, procs: list) -> dict[str, float]:
@@ -69,7 +67,13 @@ def _measure(root: Path, before: Plan, after: Plan, size: str, procs: list) -> d
             "total": resumed["first_iteration_at"] - asked}
 
 
+def _exit_on_signal(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)  # runs the clean-ups on the way out
+
+
 def main() -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # a time limit or a closed terminal; Ctrl-C raises already
+        signal.signal(sig, _exit_on_signal)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--size", default="tiny", help="example model size: tiny, small, medium")

@@ -1,5 +1,8 @@
 """Run the example trainer directly (no agent): for the accuracy test and the reconfiguration benchmark.
 
+The processes listen on 127.0.0.1 only, live in their own process group, and end with the process
+that started them (on Linux, when started from its main thread); `kill_group` ends them at once.
+
     status = run(job_dir, {"plan": {"dp": 2, "zero_stage": 2}, "global_batch_size": 8,
                            "target_iterations": 40}, nproc=2)
 """
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +20,12 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).resolve().parent / "train.py"
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from agents.plan_config import loopback_args  # noqa: E402
+from controlplane.lifetime import die_with_parent  # noqa: E402
 
 
 def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
@@ -29,11 +39,21 @@ def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
            **run, "job_dir": str(job_dir), "attempt": attempt}
     run_file = job_dir / f"run-a{attempt}.json"
     run_file.write_text(json.dumps(doc))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    log = open(job_dir / f"log-a{attempt}.txt", "wb")
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                             f"--nproc-per-node={nproc}", str(script), str(run_file)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+           "NCCL_SOCKET_IFNAME": "lo"}
+    with open(job_dir / f"log-a{attempt}.txt", "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "agents.torchrun", *loopback_args(f"local-{attempt}", nproc),
+                                 str(script), str(run_file)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers (its process group), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def status(job_dir: Path) -> dict[str, Any]:
@@ -56,7 +76,7 @@ def wait_for(job_dir: Path, proc: subprocess.Popen, what: Callable[[dict[str, An
                 return st
             raise RuntimeError(f"trainer exited with {proc.returncode}: {tail(job_dir)}")
         time.sleep(0.02)
-    proc.kill()
+    kill_group(proc)
     raise TimeoutError(f"trainer did not get there in {timeout} s: {tail(job_dir)}")
 
 
@@ -71,7 +91,7 @@ def run(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1, timeou
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_group(proc)
         raise TimeoutError(f"trainer ran past {timeout} s: {tail(job_dir)}") from None
     st = status(job_dir)
     if proc.returncode != 0 or st.get("state") not in ("completed", "checkpointed"):

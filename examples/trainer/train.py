@@ -1,13 +1,15 @@
 """The example trainer, run by torchrun (one process per device) from a run file:
 
-    torchrun --standalone --nproc-per-node=2 examples/trainer/train.py JOB_DIR/run.json
+    python -m agents.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d \
+        --rdzv-endpoint=127.0.0.1:0 --rdzv-id=JOB --local-addr=127.0.0.1 examples/trainer/train.py JOB_DIR/run.json
 
 It trains the small GPT of `model.py` on the sums of `data.py` under the run's plan
 (DP size = world size, ZeRO 0-3, ZeRO-Offload, GA, GC) with DeepSpeed, resumes from
 `JOB_DIR/checkpoint.pt` when there is one, and reports every iteration through the
 reporter. Between iterations it looks for `JOB_DIR/control/stop`: when the agent puts
-it there (or after the run file's `stop_after` iterations), the trainer checkpoints and
-exits 0 (state `checkpointed`). Rank 0 keeps
+it there (or after the run file's `stop_after` iterations), or when the agent's lease on the job
+has run out (`agents.lease`: no agent has looked after it for `RUBICK_AGENT_LEASE_S` seconds), the
+trainer checkpoints and exits 0 (state `checkpointed`, `stopped_by` saying why). Rank 0 keeps
 `JOB_DIR/status.json` current (state, iterations done, loss, first-iteration time).
 """
 
@@ -29,6 +31,7 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from agents.lease import lease_expired  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
 from agents.reporter import Reporter  # noqa: E402
 from controlplane.events import Plan, build  # noqa: E402
@@ -47,12 +50,19 @@ def write_status(job_dir: Path, doc: dict) -> None:
     os.replace(tmp, job_dir / STATUS)
 
 
-def stop_requested(job_dir: Path) -> bool:
-    """Rank 0 looks for the stop file; every rank gets its answer (so all stop at the same iteration)."""
+STOPPED_BY = {1: "lease expired", 2: "agent"}
+
+
+def stop_requested(job_dir: Path) -> str | None:
+    """Rank 0 looks for the stop file and at the agent's lease; every rank gets its answer (so all stop
+    at the same iteration): why to stop ("agent", "lease expired"), or None."""
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([1 if dist.get_rank() == 0 and (job_dir / STOP).exists() else 0], device=device)
+    why = 0
+    if dist.get_rank() == 0:
+        why = 2 if (job_dir / STOP).exists() else 1 if lease_expired(job_dir) else 0
+    flag = torch.tensor([why], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return STOPPED_BY.get(int(flag.item()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,11 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     it = start
     stop_after = run.get("stop_after")  # checkpoint and exit after this many iterations, as if asked to
     while it < target:
-        if stop_requested(job_dir) or (stop_after is not None and it >= int(stop_after)):
+        stopped_by = stop_requested(job_dir) or ("stop_after" if stop_after is not None and it >= int(stop_after)
+                                                 else None)
+        if stopped_by:
             checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code()})
             if rank == 0:
                 write_status(job_dir, {**status, "state": "checkpointed", "iteration": it,
-                                       "checkpointed_at": time.time()})
+                                       "checkpointed_at": time.time(), "stopped_by": stopped_by})
             break
         engine.train()
         micro_loss = 0.0

@@ -40,7 +40,8 @@ def _offload_without_zero() -> Plan:
 
 def test_torchrun_one_node_and_several():
     one = (NodeShare(node="a", gpus=4),)
-    assert torchrun_args("j", one, "a") == ["--standalone", "--nnodes=1", "--nproc-per-node=4"]
+    assert torchrun_args("j", one, "a") == ["--nnodes=1", "--nproc-per-node=4", "--rdzv-backend=c10d",
+                                            "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=j", "--local-addr=127.0.0.1"]
     two = (NodeShare(node="a", gpus=2), NodeShare(node="b", gpus=2))
     args = torchrun_args("j", two, "b", rdzv_port=29555)
     assert "--nnodes=2" in args and "--node-rank=1" in args and "--rdzv-endpoint=a:29555" in args

@@ -1,0 +1,61 @@
+"""torchrun whose rendezvous stores listen on the loopback interface when their endpoint is a loopback address.
+
+    python -m agents.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d \
+        --rdzv-endpoint=127.0.0.1:0 --rdzv-id=JOB --local-addr=127.0.0.1 train.py RUN_FILE
+
+torchrun's TCP stores listen on every interface whatever their host name (the C++ server binds the
+wildcard address), so a single-node job would accept connections from the whole network. Here a store
+served for a loopback host is handed a socket bound to 127.0.0.1 instead (`master_listen_fd`); stores for
+any other host (the first node of a multi-node job) are left as torchrun makes them. The workers' own
+sockets follow `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, which the launcher sets to `lo` for a job on
+one node (`agents.plan_config.torchrun_env`). Everything else is torchrun itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+_ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
+         "master_listen_fd", "use_libuv")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackTCPStore(dist.TCPStore):
+    """A TCPStore whose server, for a loopback host, listens on 127.0.0.1 only."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.update(zip(_ARGS, args))
+        if kw.get("is_master") and kw.get("master_listen_fd") is None and is_loopback(str(kw.get("host_name"))):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", int(kw.get("port") or 0)))
+            sock.listen(socket.SOMAXCONN)
+            kw["host_name"], kw["port"] = "127.0.0.1", sock.getsockname()[1]
+            kw["master_listen_fd"] = sock.detach()  # the store's server owns it from now on
+        super().__init__(**kw)
+
+
+def main(argv: list[str]) -> None:
+    dist.TCPStore = LoopbackTCPStore  # type: ignore[misc]
+    c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # type: ignore[attr-defined]
+    from torch.distributed.run import main as torchrun
+
+    torchrun(argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
