@@ -177,8 +177,11 @@ class Parts:
                               {k: PerfParams.from_dict(v) for k, v in sorted(self.params.items())})
 
 
-def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_dir: Path | None = None) -> Parts:
-    models = load_models()
+def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_dir: Path | None = None,
+               models: Mapping[str, ModelType] | None = None) -> Parts:
+    """The starting parts: the model specs (of `examples/models` unless given, as a run's description
+    gives them), the environment, the measured table, and the parameters (fitted unless given)."""
+    models = dict(sorted(models.items())) if models is not None else load_models()
     env = load_env(DEFAULT_ENV_FILE)
     table = MeasuredTable.from_csv(DEFAULT_TABLE)
     p = {k: dict(v) for k, v in params.items()} if params is not None else fitted_params(models, env,

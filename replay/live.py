@@ -19,6 +19,12 @@ A deployment with real agents may be stopped and started again on the same strea
 their state from it): the record then keeps the clock origin of the first start-up, counts the
 start-ups, and keeps every earlier configuration that differs from the current one (replay rebuilds
 the cores of the last one, and says so).
+
+A deployment of separate `rubick service ...` processes writes no run.json: there the admission,
+modeler and policy services publish their part of the description on the bus (`run.described`, see
+`description_event`) each time one of their replicas becomes active, and the recorder keeps it in the
+log. Without run.json, `run_from_log` rebuilds the record from those events (each core from its own
+service's last description), so such a deployment replays from its log alone.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from controlplane.events import NodeRegistered
+from controlplane.events import Event, Invalid, NodeRegistered, decode, make, to_plain
+from controlplane.events.payloads import ModelDescription, RunDescribed
 
-from .config import RUN_FILE, Parts, RunConfig, control_cores, load_parts, node_events
+from .config import RUN_FILE, Parts, PolicyFactory, RunConfig, control_cores, load_parts, node_events
 
 KIND = "live"
 FORMAT = 1
@@ -139,3 +146,113 @@ def finish_run(log_dir: Path, consumed: Mapping[str, int]) -> dict[str, Any]:
     run["consumed"] = dict(sorted(consumed.items()))
     write_run(log_dir, run)
     return run
+
+
+# --- the run description on the bus -------------------------------------------------------------------
+
+DESCRIBED = "run.described"
+DESCRIBED_SERVICES = ("admission", "modeler", "policy")
+"""The services whose cores replay rebuilds, in the order `control_cores` builds them."""
+DESCRIBED_SETTINGS = ("policy", "cluster", "oracle", "restart_cost_s", "quotas", "batch_s", "hold_s",
+                      "refit_min_gain")
+"""The `RunConfig` fields a description carries (the rest only matter to simulated runs)."""
+
+
+def describe(service: str, cfg: RunConfig, parts: Parts) -> RunDescribed:
+    """The description of `service`'s core as built from `cfg` and `parts` (`deployment`)."""
+    models = tuple(ModelDescription(spec=m.spec, vocab_size=m.vocab_size, allow_tp_across_nodes=m.allow_tp_across_nodes,
+                                    b_pcie_gbps=m.b_pcie_gbps, tensor_pipeline=m.tensor_pipeline)
+                   for _, m in sorted(parts.models.items()))
+    params = {k: {n: float(x) for n, x in sorted(v.items())} for k, v in sorted(parts.params.items())}
+    settings = {k: getattr(cfg, k) for k in DESCRIBED_SETTINGS}
+    if settings["quotas"] is not None:
+        settings["quotas"] = dict(sorted(settings["quotas"].items()))
+    return RunDescribed(service=service, models=models, params=params, **settings)
+
+
+def description_event(description: RunDescribed, t: float) -> Event:
+    """`run.described` at wall time `t`. Its id is a digest of the description, so replicas that
+    describe the same core store it once (within the stream's de-duplication window); its source is
+    the service's shell (`service-<name>`), never the core's name, as it is no answer of the core."""
+    digest = hashlib.sha256(json.dumps(to_plain(description), sort_keys=True).encode()).hexdigest()[:16]
+    return make(DESCRIBED, description, time=t, id=f"run-{description.service}-{digest}",
+                source=f"service-{description.service}")
+
+
+def _service_record(d: RunDescribed) -> dict[str, Any]:
+    plain = to_plain(d)
+    return {"config": {k: plain[k] for k in DESCRIBED_SETTINGS}, "params": plain["params"],
+            "models": plain["models"]}
+
+
+def run_from_log(log_dir: Path) -> dict[str, Any] | None:
+    """The run record of a log without run.json, from its `run.described` events (None: there are
+    none). Each described core is rebuilt from its service's last description; earlier descriptions
+    that differ are kept under `earlier_configs`, as run.json keeps them across restarts."""
+    import polars as pl
+
+    from controlplane.eventlog import scan
+    from controlplane.recorder.writer import FILE_RE
+
+    log_dir = Path(log_dir)
+    frame = scan(log_dir, ["subject", "data"]).frame
+    rows = frame.filter(pl.col("subject") == DESCRIBED).sort("seq")
+    found: list[Event] = []
+    for data in rows["data"].to_list():
+        try:
+            event = decode(data, DESCRIBED)
+        except Invalid:
+            continue  # refused on the bus (run.rejected) and by replay alike
+        found.append(event)
+    if not found:
+        return None
+    last: dict[str, dict[str, Any]] = {}
+    history: list[dict[str, Any]] = []
+    for event in found:
+        name, record = event.payload.service, _service_record(event.payload)
+        if name in last and last[name] != record:
+            history.append({"service": name, **last[name]})
+        last[name] = record
+    main = next(last[n] for n in ("policy", "modeler", "admission") if n in last)
+    tokens = sorted({m["stream"] for p in log_dir.iterdir() if (m := FILE_RE.match(p.name)) is not None})
+    run: dict[str, Any] = {
+        "format": FORMAT, "kind": KIND, "from_log": True,
+        "config": {**main["config"], "clock": "wall", "sim_speed": 1.0, "sim_clock_origin": found[0].time},
+        "params": main["params"], "services": {n: last[n] for n in DESCRIBED_SERVICES if n in last},
+        "sources": {n: [n] for n in DESCRIBED_SERVICES if n in last},
+        "stream": tokens[0] if len(tokens) == 1 else "", "files": []}
+    if history:
+        run["earlier_configs"] = history
+        run["starts"] = sum(1 for e in found if e.payload.service == next(iter(run["services"])))
+    return run
+
+
+def _models(records: list[dict[str, Any]]) -> dict[str, Any]:
+    from modeler.spec import model_from_mapping
+
+    out = {}
+    for m in records:
+        extras = {k: v for k, v in m.items() if k != "spec" and v is not None}
+        model = model_from_mapping({**{k: v for k, v in m["spec"].items() if v is not None}, **extras})
+        out[model.name] = model
+    return out
+
+
+def rebuilt_cores(run: Mapping[str, Any], policy_factory: PolicyFactory | None = None) -> list[Any]:
+    """The cores a run record names, rebuilt as they started: from run.json's one configuration, or
+    (a record from the log's descriptions) each from its own service's description."""
+    services = run.get("services")
+    if not services:
+        return control_cores(RunConfig.from_json(run["config"]), load_parts(params=run["params"]), policy_factory)
+    built: dict[str, list[Any]] = {}
+    out = []
+    for name in DESCRIBED_SERVICES:
+        record = services.get(name)
+        if record is None:
+            continue
+        key = json.dumps(record, sort_keys=True)
+        if key not in built:
+            parts = load_parts(params=record["params"], models=_models(record["models"]))
+            built[key] = control_cores(RunConfig.from_json(record["config"]), parts, policy_factory)
+        out.append(next(c for c in built[key] if c.name == name))
+    return out

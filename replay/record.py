@@ -65,9 +65,20 @@ def write_log(log_dir: Path, records: Iterable[tuple[str, bytes, float]], *, con
 
 
 def read_run(log_dir: Path) -> dict[str, Any]:
-    """run.json of a log folder; FileNotFoundError or ValueError (corrupt) otherwise."""
+    """run.json of a log folder, else the record its `run.described` events give (a deployment of
+    separate services, `replay.live.run_from_log`); FileNotFoundError (neither) or ValueError (corrupt)
+    otherwise."""
     path = Path(log_dir) / RUN_FILE
-    data = json.loads(path.read_text())
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        from .live import run_from_log
+
+        run = run_from_log(log_dir) if Path(log_dir).is_dir() else None
+        if run is None:
+            raise
+        return run
+    data = json.loads(text)
     if not isinstance(data, dict) or "config" not in data:
         raise ValueError(f"{path}: not a run description (no 'config')")
     return data

@@ -285,8 +285,11 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     except ValueError as exc:
         result.problems.append(f"run.json: unreadable ({exc}); nothing checked")
         return result
-    cfg = RunConfig.from_json(run["config"])
-    cores = control_cores(cfg, load_parts(params=run["params"]), policy_factory)
+    from .live import rebuilt_cores
+
+    cores = rebuilt_cores(run, policy_factory)
+    if run.get("from_log"):
+        result.notes.append("no run.json: the cores were rebuilt from the run descriptions in the log (run.described)")
     if run.get("earlier_configs"):
         result.notes.append(f"the run was started {run.get('starts', '?')} times and its configuration or starting "
                             f"parameters changed in between ({len(run['earlier_configs'])} earlier one(s) in "

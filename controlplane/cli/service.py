@@ -1,17 +1,26 @@
-"""`rubick service NAME`: run one control-plane service on its own (as the Helm chart does)."""
+"""`rubick service NAME`: run one control-plane service on its own (as the Helm chart does).
+
+Any number of replicas of a service may run: one is active (it holds the service's lease,
+`controlplane.lease`), the others stand by and one of them takes over within the lease's TTL when the
+active one dies (at once when it stops cleanly). The active replica of the admission, modeler and policy
+services first publishes the description of its core (`run.described`, `replay.live`), so the
+deployment replays from its log alone.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
-from ..admission import AdmissionCore
 from ..bus.nats import JetStreamBus
-from ..models import builtin_model_types
-from ..recorder.service import Recorder, RecorderConfig, stream_token
-from ..service import ServiceShell
+from ..events import encode
+from ..lease import DEFAULT_TTL_S, Lease, bucket_terms, ensure_lease_bucket, replica_id, run_replicated
+from ..recorder.service import RecorderConfig, stream_token
+from ..replicas import LeasedBus, LeasedRecorder, LeasedShell
 from ..ticker import run_ticker
 from .. import metrics
 from .common import add_nats_args, run_against_nats
@@ -31,6 +40,9 @@ def register(sub) -> None:
     p.add_argument("--restart-cost", type=float, default=78.0, help="policy: seconds per reconfiguration")
     p.add_argument("--quotas", type=Path, help="policy: YAML or JSON mapping tenant -> guaranteed GPUs")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port (-1 = off)")
+    p.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S,
+                   help="seconds after which a standby replica takes over from a dead active one; used when this "
+                        "service creates the lease bucket (an existing bucket keeps its own)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=run)
 
@@ -60,31 +72,73 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     if args.metrics_port >= 0:
         metrics.serve(args.metrics_port)
     try:
-        if args.name == "recorder":
-            cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
-            recorder = Recorder(bus, cfg, stream_token(await bus.stream_created()))
-            task = asyncio.create_task(recorder.run(stop))
-            await recorder.ready.wait()
-            print(f"recorder ready: {url} -> {args.log_dir}", flush=True)
-            await task
-        elif args.name == "admission":
-            shell = ServiceShell(AdmissionCore(builtin_model_types()), bus, rejects=True)
-            task = asyncio.create_task(shell.run(stop))
-            await shell.ready.wait()
-            print(f"admission ready: {url}", flush=True)
-            await task
-        elif args.name in ("modeler", "policy"):
-            from ..runtime import UpConfig, model_cores
-            cfg = UpConfig(policy=args.policy, restart_cost_s=args.restart_cost, quotas=read_quotas(args.quotas))
-            core = (await asyncio.to_thread(model_cores, cfg))[0 if args.name == "modeler" else 1]
-            shell = ServiceShell(core, bus)
-            task = asyncio.create_task(shell.run(stop))
-            await shell.ready.wait()
-            print(f"{args.name} ready: {url}", flush=True)
-            await task
-        else:
-            print(f"clock ready: {url}, a tick every {args.tick_period:g} s", flush=True)
-            await run_ticker(bus, args.tick_period, stop)
+        kv = await ensure_lease_bucket(bus.js, args.lease_ttl)
+        lease = Lease(kv, args.name, replica_id(), await bucket_terms(kv))
+        term = _Term(args, url, bus)
+        await term.prepare()
+
+        def standby() -> None:
+            print(f"{args.name} standby: {url}, another replica is active (lease TTL {lease.terms.ttl_s:g} s)",
+                  flush=True)
+
+        await run_replicated(lease, term, stop, on_standby=standby)
     finally:
         await bus.close()
     return 0
+
+
+class _Term:
+    """What the active replica of a service runs. A core is built before the replica becomes active
+    (a take-over does not wait for it) and used for one term only: its state is rebuilt from the
+    stream at the start of each term."""
+
+    def __init__(self, args: argparse.Namespace, url: str, bus: JetStreamBus) -> None:
+        self.args, self.url, self.bus = args, url, bus
+        self.name: str = args.name
+        self.next: tuple[Any, Any] | None = None
+
+    def _build(self) -> tuple[Any, Any]:
+        """(core, description) of the admission, modeler or policy service, as `rubick up` builds them."""
+        from replay.config import default_cache_dir
+        from replay.live import deployment, describe
+
+        from ..runtime import UpConfig, deployment_config
+
+        cfg = deployment_config(UpConfig(policy=self.args.policy, restart_cost_s=self.args.restart_cost,
+                                         quotas=read_quotas(self.args.quotas)))
+        parts, cores = deployment(cfg, cache_dir=default_cache_dir())
+        return next(c for c in cores if c.name == self.name), describe(self.name, cfg, parts)
+
+    async def prepare(self) -> None:
+        if self.name in ("admission", "modeler", "policy") and self.next is None:
+            self.next = await asyncio.to_thread(self._build)
+
+    async def __call__(self, stop: asyncio.Event, lease: Lease) -> None:
+        args, url = self.args, self.url
+        bus = LeasedBus(self.bus, lease)
+        if args.name == "recorder":
+            cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
+            recorder = LeasedRecorder(bus, cfg, stream_token(await self.bus.stream_created()), lease)
+            await self._until_ready(recorder.run(stop), recorder.ready, f"recorder ready: {url} -> {args.log_dir}")
+        elif args.name == "clock":
+            print(f"clock ready: {url}, a tick every {args.tick_period:g} s", flush=True)
+            await run_ticker(bus, args.tick_period, stop)
+        else:
+            await self.prepare()
+            (core, description), self.next = self.next, None
+            from replay.live import description_event
+
+            event = description_event(description, time.time())
+            await bus.publish(event.subject, encode(event), event.id)
+            shell = LeasedShell(core, bus, rejects=args.name == "admission", lease=lease)
+            await self._until_ready(shell.run(stop), shell.ready, f"{args.name} ready: {url}")
+
+    @staticmethod
+    async def _until_ready(work, ready: asyncio.Event, line: str) -> None:
+        task = asyncio.create_task(work)
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if ready.is_set():
+            print(line, flush=True)
+        await task

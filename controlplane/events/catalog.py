@@ -24,13 +24,15 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "model.rejected": (p.Rejected, 1),
     "plan.rejected": (p.Rejected, 1),
     "clock.rejected": (p.Rejected, 1),
+    "run.described": (p.RunDescribed, 1),
+    "run.rejected": (p.Rejected, 1),
 }
 """Catalogue subject -> (payload class, current schema version)."""
 
 REJECTED_SUFFIX = ".rejected"
 
 STREAM_NAME = "RUBICK"
-STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>")
+STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>")
 """One JetStream stream captures every control-plane subject (and any routing suffix)."""
 
 ROUTED = frozenset({"plan.decided", "metrics.iteration", "node.heartbeat"})

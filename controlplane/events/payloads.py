@@ -316,3 +316,49 @@ class ClockTick:
 
     seq: int = spec("tick number, from 0", ge=0, example=120)
     period_s: float = spec("time between ticks", unit="s", gt=0, le=86_400, example=60.0)
+
+
+# --- the run description -------------------------------------------------------------
+
+_spec = spec
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """A model type as the modeler and the policy use it: its spec and the modeler's extra facts."""
+
+    spec: ModelSpec = _spec("the model's architecture")  # the field's name hides `spec` below it
+    vocab_size: int = _spec("vocabulary size (memory of the output layer)", ge=1, le=10**9, default=32000,
+                           example=50257)
+    allow_tp_across_nodes: bool = _spec("tensor-parallel groups may span nodes", default=False, example=False)
+    b_pcie_gbps: float | None = _spec("host <-> GPU bandwidth of this model's offload traffic", unit="GB/s", gt=0,
+                                      le=100_000, default=None, example=None)
+    tensor_pipeline: bool = _spec("the model has a tensor/pipeline-parallel implementation", default=True,
+                                 example=True)
+
+
+@dataclass(frozen=True)
+class RunDescribed:
+    """What a replay needs to rebuild a control-plane service's core: its settings, the model specs and
+    the performance-model parameters it starts from. Published by the admission, modeler and policy
+    services each time one of their replicas becomes active, so a deployment replays from its log alone."""
+
+    service: str = spec("the service that describes itself", choices=("admission", "modeler", "policy"),
+                        example="policy")
+    policy: str = spec("scheduling policy", max_len=64, example="rubick")
+    restart_cost_s: float = spec("assumed cost of one reconfiguration", unit="s", ge=0, le=86_400, example=78.0)
+    batch_s: float = spec("how long a best-effort submission on a full cluster may wait for the next round",
+                          unit="s", ge=0, le=86_400, example=60.0)
+    refit_min_gain: float = spec("fraction by which a refit must lower the error to be published", ge=0, le=1,
+                                 example=0.1)
+    models: tuple[ModelDescription, ...] = spec("the model types the cluster knows")
+    params: dict[str, dict[str, float]] = spec("fitted performance-model parameters the cores start from, per "
+                                               "model type (names as in `model.updated`)",
+                                               example={"gpt2": {"k_bwd": 2.0, "k_const": 0.005}})
+    cluster: str = spec("`NxG` of a simulated cluster; empty where the nodes register themselves", max_len=64,
+                        default="", example="")
+    oracle: str = spec("what the policy predicts with", choices=("model", "table"), default="model",
+                       example="model")
+    quotas: dict[str, int] | None = spec("guaranteed GPUs per tenant; nil: the whole cluster for every tenant",
+                                         default=None, example={"team-a": 16})
+    hold_s: float | None = spec("how long a job is held on its configuration; nil: twice the restart cost",
+                                unit="s", ge=0, le=10**7, default=None, example=None)

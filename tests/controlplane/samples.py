@@ -6,6 +6,7 @@ from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, J
                                  JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
                                  NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
                                  Resources, make)
+from controlplane.events.payloads import ModelDescription, RunDescribed
 
 PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
 ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
@@ -38,6 +39,12 @@ PAYLOADS = {
         Decision(job_id="bert-0002", allocation=(), plan=None, reason="preempted",
                  detail={"shrunk_by": "gpt2-0007"}))),
     "clock.tick": ClockTick(seq=120, period_s=60.0),
+    "run.described": RunDescribed(
+        service="policy", policy="rubick", restart_cost_s=78.0, batch_s=60.0, refit_min_gain=0.1,
+        models=(ModelDescription(spec=ModelSpec(name="gpt2", num_params=1_557_686_400, num_layers=48, hidden_size=1600,
+                                                num_heads=25, seq_len=1024, global_batch_size=32, fwd_time_s=0.21),
+                                 vocab_size=50257, b_pcie_gbps=0.96),),
+        params={"gpt2": {"k_bwd": 2.0, "k_const": 0.005}}, quotas={"team-a": 16}),
 }
 
 NEW_SPEC = ModelSpec(name="my-gpt", num_params=354_823_168, num_layers=24, hidden_size=1024, num_heads=16,
