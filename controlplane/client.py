@@ -4,7 +4,7 @@
 
     job = load_job("examples/jobs/gpt2-guaranteed.yaml")      # or build a JobSubmitted yourself
     async with await Client.connect("nats://127.0.0.1:4222") as client:
-        result = await client.submit(job)                      # waits briefly for a refusal
+        result = await client.submit(job)                      # returns once the verdict is known
         if result.rejected:
             print(result.rejected.reason)
 
@@ -20,11 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import yaml
 
 from .bus.nats import JetStreamBus
 from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
 from .events.schema import to_plain
+
+
+VERDICT_DURABLES = ("svc-admission", "svc-policy")
+"""The consumers of the services that may refuse a submission."""
 
 
 def job_from_dict(doc: Any) -> JobSubmitted:
@@ -86,31 +92,64 @@ class Client:
         return ack.seq
 
     async def submit(self, job: JobSubmitted, *, wait_s: float = 2.0, source: str = "client") -> SubmitResult:
-        """Publish `job.submitted`; for up to `wait_s` seconds, listen for its `job.rejected`."""
+        """Publish `job.submitted` and return its verdict as soon as it is known: its `job.rejected`, or
+        None once every service that may refuse it has acknowledged it (each publishes a refusal before it
+        acknowledges what it refused). `wait_s` bounds the wait (0: do not wait for a verdict)."""
         event = submission(job, source=source)
-        answer: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        async def on_rejected(msg) -> None:
-            try:
-                rej = decode(msg.data, msg.subject).payload
-            except Invalid:
-                return
-            if rej.event_id == event.id and not answer.done():
-                answer.set_result(rej)
-
-        sub = await self.bus.nc.subscribe("job.rejected", cb=on_rejected) if wait_s > 0 else None
+        sub = await self.bus.nc.subscribe("job.rejected") if wait_s > 0 else None
         try:
             ack = await self.bus.publish(event.subject, encode(event), event.id)
-            rejected = None
-            if sub is not None:
-                try:
-                    rejected = await asyncio.wait_for(answer, wait_s)
-                except asyncio.TimeoutError:
-                    rejected = None
+            rejected = await self._verdict(sub, event.id, ack.seq, wait_s) if sub is not None else None
         finally:
             if sub is not None:
                 await sub.unsubscribe()
         return SubmitResult(event, ack.seq, ack.duplicate, rejected)
 
+    async def _verdict(self, sub, event_id: str, seq: int, wait_s: float) -> Rejected | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        durables = list(VERDICT_DURABLES)
+        pause = 0.002
+        while True:
+            answered = bool(durables) and await self._acknowledged(durables, seq, deadline - loop.time())
+            # a refusal is delivered before the answer that says it was acknowledged: it is queued by now
+            listen = 0.001 if answered else max(0.001, min(pause, deadline - loop.time()))
+            rejected = await _refusal(sub, event_id, listen)
+            if rejected is not None or answered or loop.time() >= deadline:
+                return rejected
+            pause = min(2 * pause, 0.05)
+
+    async def _acknowledged(self, durables: list[str], seq: int, timeout: float) -> bool:
+        """Whether every running service of `durables` has acknowledged stream sequence `seq`. A service
+        with no consumer is dropped from `durables`; an error (no answer, no permission) empties it."""
+        for durable in list(durables):
+            try:
+                info = await self.bus.js.consumer_info(self.bus.stream, durable, timeout=max(0.05, min(timeout, 1.0)))
+            except nats.js.errors.NotFoundError:
+                durables.remove(durable)
+                continue
+            except Exception:  # noqa: BLE001 - cannot tell: wait for a refusal until the deadline
+                durables.clear()
+                return False
+            floor = info.ack_floor.stream_seq if info.ack_floor else 0
+            if int(floor or 0) < seq:
+                return False
+        return bool(durables)
+
     async def close(self) -> None:
         await self.bus.close()
+
+async def _refusal(sub, event_id: str, timeout: float) -> Rejected | None:
+    """The refusal of `event_id` among the messages `sub` has received, waiting at most `timeout` for one."""
+    while True:
+        try:
+            msg = await sub.next_msg(timeout=timeout)
+        except nats.errors.TimeoutError:
+            return None
+        try:
+            rej = decode(msg.data, msg.subject).payload
+        except Invalid:
+            continue
+        if rej.event_id == event_id:
+            return rej
+        timeout = 0.001
