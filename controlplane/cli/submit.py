@@ -17,7 +17,8 @@ def register(sub) -> None:
     p.add_argument("jobs", nargs="+", help="job files (YAML; see examples/jobs)")
     add_nats_args(p)
     p.add_argument("--wait", type=float, default=2.0,
-                   help="seconds to wait for a job.rejected answer (0 = do not wait)")
+                   help="at most this many seconds to wait for the verdict (a job.rejected answer, or admission "
+                        "and the policy having accepted it; 0 = do not wait)")
     p.add_argument("--json", action="store_true", help="print one JSON line per job")
     p.set_defaults(func=run)
 
