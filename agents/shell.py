@@ -4,7 +4,9 @@ Start-up: register the node, replay the stream through the core (facts only), fi
 left on disk by an earlier agent (`reconcile`: take over the live ones, report the ended ones,
 carry out accepted decisions never acted on), then go live: consume `job.*` and
 `plan.decided[.<node>]`, poll the processes, heartbeat. Undecodable messages are skipped
-(admission answers them); bad decisions get `plan.rejected` from the core.
+(admission answers them); bad decisions get `plan.rejected` from the core. Nothing a message makes the
+core or a launcher raise stops the agent (and with it the node's jobs): it is logged, the message is
+acknowledged and the agent goes on; only losing the bus stops it.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class AgentShell:
                 self.restored += 1
             except Invalid:
                 continue
+            except Exception:  # one bad event must not keep the agent from starting
+                log.exception("agent %s: handler failed on seq %d while restoring", self.node, d.seq)
         found = self.launcher.find()
         out = self.core.reconcile(found, time.time())
         await self.publish(out)
@@ -102,12 +106,30 @@ class AgentShell:
         except Exception:  # a core bug must not take the node's jobs down with the agent
             log.exception("agent %s: handler failed on seq %d", self.node, d.seq)
             return
-        await self.publish(out)
+        await self._publish_encoded(out)
         await self._act()
 
+    async def _publish_encoded(self, out: list[tuple[Event, bytes]]) -> None:
+        for e, data in out:
+            await self.bus.publish(e.subject, data, e.id)
+
+    async def _observe(self, fact) -> None:
+        """Hand the core a fact about a process and publish its answers (a core failure is logged)."""
+        try:
+            out = [(e, encode(e)) for e in self.core.observe(fact)]
+        except Exception:
+            log.exception("agent %s: handler failed on %s", self.node, type(fact).__name__)
+            return
+        await self._publish_encoded(out)
+
     async def _watch(self) -> None:
-        for fact in self.launcher.poll():
-            await self.publish(self.core.observe(fact))
+        try:
+            facts = self.launcher.poll()
+        except Exception:  # next poll tries again
+            log.exception("agent %s: polling the processes failed", self.node)
+            return
+        for fact in facts:
+            await self._observe(fact)
             if isinstance(fact, Exited) and fact.job_id not in self.core.local:
                 self.launcher.forget(fact.job_id)
             await self._act()
@@ -122,12 +144,19 @@ class AgentShell:
                         fact = Started(a.job.job_id, a.attempt, time.time())
                     except LaunchError as exc:
                         fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), str(exc))
-                    await self.publish(self.core.observe(fact))
-                elif isinstance(a, Stop):
-                    self.launcher.request_stop(a.job_id, a.attempt)
-                elif isinstance(a, Kill):
-                    self.launcher.kill(a.job_id)
-                    self.launcher.forget(a.job_id)
+                    except Exception as exc:  # an unforeseen failure is a failed launch too
+                        log.exception("agent %s: launching %s failed", self.node, a.job.job_id)
+                        fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), f"{type(exc).__name__}: {exc}")
+                    await self._observe(fact)
+                    continue
+                try:
+                    if isinstance(a, Stop):
+                        self.launcher.request_stop(a.job_id, a.attempt)
+                    elif isinstance(a, Kill):
+                        self.launcher.kill(a.job_id)
+                        self.launcher.forget(a.job_id)
+                except Exception:  # the process is watched on: its exit is reported when it comes
+                    log.exception("agent %s: %s of %s failed", self.node, type(a).__name__, a.job_id)
 
 
 def state_dir_for(base: Path, node: str) -> Path:

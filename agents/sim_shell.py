@@ -32,7 +32,7 @@ from controlplane import metrics
 from controlplane.bus.base import Bus, Delivery
 from controlplane.bus.inorder import in_order
 from controlplane.events import Event, Invalid, NodeRegistered, decode, encode, make
-from controlplane.service import publish_events
+from controlplane.service import publish_encoded, publish_events
 
 from .simulated import SimulatedAgents
 
@@ -112,9 +112,13 @@ class SimAgentsShell:
             return
         now = self._now() if now is None else now
         if due <= now:
-            out = self.core.fire(now)
+            try:  # a timer is taken off before it fires, so a failing one is not fired again
+                out = [(e, encode(e)) for e in self.core.fire(now)]
+            except Exception:  # a core bug must not stop the agents: log, go on
+                log.exception("%s: firing its timers failed at %.3f", self.name, now)
+                return
             self.fired += len(out)
-            await self.publish(out)
+            await publish_encoded(self.bus, self.name, out)
 
     async def process(self, d: Delivery) -> None:
         metrics.MESSAGES_IN.labels(self.name, metrics.subject_label(d.subject)).inc()
@@ -126,12 +130,12 @@ class SimAgentsShell:
         now = self._now()  # one reading for both: a timer due before the message fires before it
         await self.fire_due(now)
         try:
-            out = self.core.handle(replace(event, time=now))
+            out = [(e, encode(e)) for e in self.core.handle(replace(event, time=now))]
         except Exception:  # a core bug must not stop the agents: log, skip, go on
             log.exception("%s: handler failed on seq %d (%s)", self.name, d.seq, d.subject)
             out = []
         self.handled += 1
-        await self.publish(out)
+        await publish_encoded(self.bus, self.name, out)
         await d.ack()
 
     async def publish(self, events: list[Event]) -> None:

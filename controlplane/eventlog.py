@@ -4,19 +4,31 @@ A file that cannot be read (truncated, corrupt) or that is not an event-log file
 (foreign columns) is reported by name and skipped, never fatal and never
 silently dropped. Rows are de-duplicated on (stream, seq) and ordered by the
 time the stream stored them.
+
+`check` compares the folder with its manifest (run.json's `files` where it lists
+some, else the recorder's `manifest-<stream>.jsonl`) and names every changed,
+truncated, missing or extra file.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import polars as pl
 
 from .events import Event, Invalid, decode
+from .recorder import manifest
 from .recorder.rows import SCHEMA
 from .recorder.writer import FILE_RE, TMP_PREFIX
+
+READ_ERRORS = (Exception, pl.exceptions.PanicException)
+"""What reading a corrupt Parquet file may raise (a panic in polars' reader is not an `Exception`)."""
+
+RUN_FILE = "run.json"
+"""A run's description beside its log (`replay.config.RUN_FILE`); its `files` are the run's manifest."""
 
 
 @dataclass
@@ -38,8 +50,7 @@ def scan(log_dir: str | Path, columns: list[str] | None = None) -> LogScan:
     if log_dir.is_file():
         paths = [log_dir]
     else:
-        paths = sorted(p for p in log_dir.iterdir() if p.is_file() and (p.suffix == ".parquet"
-                                                                         or p.name.startswith(TMP_PREFIX)))
+        paths = sorted(p for p in log_dir.iterdir() if p.is_file() and p.suffix == ".parquet")
     want = list(SCHEMA) if columns is None else sorted(set(columns) | {"seq", "stored"}, key=list(SCHEMA).index)
     frames, files, problems, size = [], [], [], 0
     for path in paths:
@@ -49,7 +60,7 @@ def scan(log_dir: str | Path, columns: list[str] | None = None) -> LogScan:
             continue
         try:
             schema = pl.read_parquet_schema(path)
-        except Exception as exc:
+        except READ_ERRORS as exc:
             problems.append((path, f"unreadable Parquet (truncated or corrupt: {_one_line(exc)}); skipped"))
             continue
         missing = [c for c in want if c not in schema]
@@ -59,9 +70,13 @@ def scan(log_dir: str | Path, columns: list[str] | None = None) -> LogScan:
         try:
             df = pl.read_parquet(path, columns=want)
             df = df.cast({c: SCHEMA[c] for c in want})
-        except Exception as exc:
+        except READ_ERRORS as exc:
             problems.append((path, f"unreadable Parquet (truncated or corrupt: {_one_line(exc)}); skipped"))
             continue
+        nulls = df["seq"].null_count()
+        if nulls:  # not rows the recorder wrote: it numbers every one
+            problems.append((path, f"{nulls} row(s) without a stream sequence; those rows skipped"))
+            df = df.filter(pl.col("seq").is_not_null())
         m = FILE_RE.match(path.name)
         frames.append(df.with_columns(pl.lit(m["stream"] if m else path.stem).alias("stream")))
         files.append(path)
@@ -103,3 +118,78 @@ def events(log_dir: str | Path) -> DecodedLog:
 
 def iter_events(log_dir: str | Path) -> Iterator[Event]:
     yield from events(log_dir).events
+
+
+def run_files(log_dir: str | Path) -> list[dict[str, Any]] | None:
+    """The `files` run.json lists, or None when there is no run.json or it lists none."""
+    try:
+        run = json.loads((Path(log_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    files = run.get("files") if isinstance(run, dict) else None
+    return files if isinstance(files, list) and files else None
+
+
+def check(log_dir: str | Path, listed: list[dict[str, Any]] | None = None) -> list[tuple[Path, str]]:
+    """Every file of the folder that differs from its manifest, with why: changed or truncated (size or
+    sha256 differ), missing, or extra (an event file the manifest does not list). The manifest is
+    `listed` (run.json's `files`) where given, else run.json's, else the recorder's manifests. A file
+    listed but still being written (its temporary is there) is not a problem. Nothing to compare with
+    (no manifest at all) gives no problems."""
+    log_dir = Path(log_dir)
+    if not log_dir.is_dir():
+        return []
+    listed = listed if listed else run_files(log_dir)
+    expected: dict[str, dict[str, dict[str, Any]]] = {}
+    labels: dict[str, str] = {}
+    problems: list[tuple[Path, str]] = []
+    if listed:
+        for entry in listed:
+            m = FILE_RE.match(str(entry.get("name", ""))) if isinstance(entry, dict) else None
+            if m is None:
+                problems.append((log_dir / RUN_FILE, f"a file entry that is not an event file: {entry!r:.100}"))
+                continue
+            expected.setdefault(m["stream"], {})[entry["name"]] = entry
+            labels[m["stream"]] = "the run's manifest"
+    else:
+        for stream in manifest.streams(log_dir):
+            found = manifest.read(log_dir, stream)
+            if found is None:
+                continue
+            name = manifest.manifest_name(stream)
+            problems.extend((log_dir / name, why) for why in found.problems)
+            expected[stream] = {e["name"]: e for e in found.entries}
+            labels[stream] = f"the log's manifest ({name})"
+    if not expected:
+        return problems
+    for stream, entries in sorted(expected.items()):
+        for name, entry in sorted(entries.items()):
+            problem = _differs(log_dir, entry, labels[stream])
+            if problem is not None:
+                problems.append((log_dir / name, problem))
+    for path in sorted(p for p in log_dir.iterdir() if p.suffix == ".parquet" and p.is_file()
+                       and not p.name.startswith(TMP_PREFIX)):  # a temporary: scan() names it
+        m = FILE_RE.match(path.name)
+        if m is not None and m["stream"] in expected:
+            if path.name not in expected[m["stream"]]:
+                problems.append((path, f"not in {labels[m['stream']]}: an extra file"))
+        else:
+            problems.append((path, "not in any manifest of this folder: an extra file"))
+    return problems
+
+
+def _differs(log_dir: Path, entry: dict[str, Any], label: str) -> str | None:
+    path = log_dir / entry["name"]
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        if (log_dir / f"{TMP_PREFIX}{entry['name']}").exists():
+            return None  # listed just before it is renamed into place
+        return f"missing (events {entry.get('first_seq')}..{entry.get('last_seq')} in {label})"
+    want = entry.get("bytes")
+    if isinstance(want, int) and size != want:
+        how = f"truncated: {size:,} of its {want:,} bytes" if size < want else f"{size:,} bytes, not {want:,}"
+        return f"its bytes differ from {label} ({how})"
+    if manifest.sha256_of(path) != entry.get("sha256"):
+        return f"its bytes differ from {label} (changed or corrupt)"
+    return None

@@ -11,12 +11,19 @@ then goes on live; so a restarted service knows what it knew before.
 
 Exactly one service per deployment (admission) answers undecodable messages
 with a `*.rejected` event (`rejects=True`); the others count and skip them.
+
+No message stops a service. A message the core raises on, or answers with
+something that cannot be sent, is answered by the shell with one `*.rejected`
+event naming the failure (`answers`: id `fail-<service>-<seq>`, the event's
+time), acknowledged and never handled again; replay rebuilds that answer with
+the same function, so it is compared byte for byte like the core's own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -25,6 +32,7 @@ from . import metrics
 from .bus.base import Bus, Delivery
 from .bus.inorder import in_order
 from .events import Event, Invalid, Rejected, decode, encode, make, rejection_subject, unpack
+from .events.codec import MAX_MESSAGE_BYTES
 from .events.catalog import is_rejection
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,39 @@ def rejection_for(d: Delivery, exc: Invalid, source: str) -> Event | None:
     return make(subject, payload, time=d.time, id=f"rej-seq-{d.seq}", source=source)
 
 
+def failure_text(exc: BaseException) -> str:
+    """`Type: message` of an exception on one line, without memory addresses (so a replay gives the same)."""
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", " ".join(str(exc).split()))
+    return f"{type(exc).__name__}: {text}"[:400] if text else type(exc).__name__
+
+
+def handler_failure(name: str, event: Event, seq: int, exc: BaseException) -> Event | None:
+    """The shell's `*.rejected` answer to an event its core failed on (None for a rejection itself)."""
+    subject = rejection_subject(event.subject)
+    if subject is None:
+        return None
+    job_id = getattr(event.payload, "job_id", None)
+    payload = Rejected(subject=event.subject, reason=f"the {name} service failed on it ({failure_text(exc)})",
+                       event_id=event.id, job_id=job_id if isinstance(job_id, str) else None, stream_seq=seq)
+    return make(subject, payload, time=event.time, id=f"fail-{name}-{seq}", source=name)
+
+
+def answers(core: Core, event: Event, seq: int) -> tuple[list[tuple[Event, bytes]], Exception | None]:
+    """What a shell publishes for `event` (stream sequence `seq`): the core's answers with their wire
+    bytes; or, when the core raises or answers with something that cannot be sent (not an event, too
+    large), the shell's `handler_failure` answer instead, with the failure. Pure, so replay rebuilds it."""
+    try:
+        out = [(e, encode(e)) for e in core.handle(event)]
+        for e, data in out:
+            if len(data) > MAX_MESSAGE_BYTES:
+                raise ValueError(f"an answer on {e.subject} of {len(data):,} bytes, over the "
+                                 f"{MAX_MESSAGE_BYTES:,}-byte limit of a message")
+        return out, None
+    except Exception as exc:  # a core bug must not stop the service or be retried for ever
+        answer = handler_failure(core.name, event, seq, exc)
+        return ([] if answer is None else [(answer, encode(answer))]), exc
+
+
 @dataclass
 class ServiceShell:
     core: Core
@@ -66,6 +107,8 @@ class ServiceShell:
     ack_wait: float = 30.0
     restored: int = 0
     handled: int = 0
+    failed: int = 0
+    """Messages the core failed on (each answered with a `*.rejected` event)."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -78,7 +121,11 @@ class ServiceShell:
                 event = decode(d.data, d.subject)
             except Invalid:
                 continue
-            self.core.handle(event)
+            try:
+                self.core.handle(event)
+            except Exception as exc:  # it failed on this event live too, and was answered then
+                log.warning("%s: handler failed on seq %d while rebuilding its state (%s)", self.name, d.seq,
+                            failure_text(exc))
             self.restored += 1
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -110,22 +157,28 @@ class ServiceShell:
         except Invalid as exc:
             metrics.MESSAGES_REJECTED.labels(self.name, label).inc()
             if self.rejects and not is_rejection(d.subject):
-                answer = rejection_for(d, exc, self.name)
+                try:
+                    answer = rejection_for(d, exc, self.name)
+                except Exception as failure:  # a subject outside the catalogue's namespaces has no answer
+                    log.warning("%s: cannot answer seq %d on %s (%s)", self.name, d.seq, d.subject,
+                                failure_text(failure))
+                    answer = None
                 if answer is not None:
                     await self.publish([answer])
                 log.info("%s: refused seq %d on %s: %s", self.name, d.seq, d.subject, exc)
             await d.ack()
             return
         t0 = time.perf_counter()
-        try:
-            out = self.core.handle(event)
-        except Exception:  # a core bug must not stop the service or lose the message: log, skip, go on
-            log.exception("%s: handler failed on seq %d (%s)", self.name, d.seq, d.subject)
-            out = []
+        out, failure = answers(self.core, event, d.seq)
         metrics.HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - t0)
+        if failure is not None:  # answered with a rejection, acknowledged: never handled again
+            self.failed += 1
+            metrics.MESSAGES_REJECTED.labels(self.name, label).inc()
+            log.error("%s: handler failed on seq %d (%s): %s", self.name, d.seq, d.subject, failure_text(failure),
+                      exc_info=failure)
         self.handled += 1
         if out:
-            await self.publish(out)
+            await publish_encoded(self.bus, self.name, out)
         await d.ack()
 
     async def publish(self, events: list[Event]) -> None:
@@ -134,6 +187,11 @@ class ServiceShell:
 
 async def publish_events(bus: Bus, name: str, events: list[Event]) -> None:
     """Publish a core's answers in order, each with its id as the dedupe id, counted per subject."""
-    for e in events:
-        await bus.publish(e.subject, encode(e), e.id)
+    await publish_encoded(bus, name, [(e, encode(e)) for e in events])
+
+
+async def publish_encoded(bus: Bus, name: str, events: list[tuple[Event, bytes]]) -> None:
+    """`publish_events` of answers already encoded."""
+    for e, data in events:
+        await bus.publish(e.subject, data, e.id)
         metrics.MESSAGES_OUT.labels(name, metrics.subject_label(e.subject)).inc()

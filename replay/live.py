@@ -124,9 +124,15 @@ def write_run(log_dir: Path, run: Mapping[str, Any]) -> Path:
 
 
 def manifest(log_dir: Path, stream: str) -> list[dict[str, Any]]:
-    """Every log file of `stream`: name, rows, sequence range, sha256."""
+    """Every log file of `stream`: name, rows, sequence range, size, sha256. The recorder's manifest
+    (`manifest-<stream>.jsonl`, written as the files were) where there is one, so the two agree; else
+    computed from the files."""
+    from controlplane.recorder import manifest as written
     from controlplane.recorder.writer import FILE_RE
 
+    found = written.read(Path(log_dir), stream)
+    if found is not None and found.entries:
+        return found.entries
     out = []
     for path in sorted(Path(log_dir).iterdir()):
         m = FILE_RE.match(path.name)

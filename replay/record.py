@@ -6,7 +6,8 @@ by its atomic writer, `ROLL_ROWS` rows per file, so a simulated log reads exactl
 
 `run.json` (beside the Parquet files) holds the run's configuration, the performance-model
 parameters the cores started from, which core produced which event sources, and a manifest of the
-files (rows, sequence range, sha256), so replay can rebuild the cores and name a missing file.
+files (rows, sequence range, size, sha256: the entries of the log's own `manifest-<stream>.jsonl`), so
+replay can rebuild the cores and name a missing or changed file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from controlplane.recorder import manifest as written
 from controlplane.recorder.rows import row_of
 from controlplane.recorder.writer import write_atomic
 
@@ -37,13 +39,12 @@ def write_log(log_dir: Path, records: Iterable[tuple[str, bytes, float]], *, con
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     stream = stream_token(config)
-    files, manifest, rows = [], [], []
+    files, rows = [], []
+    for old in log_dir.glob(f"{written.PREFIX}*{written.SUFFIX}"):  # an earlier run's: replaced
+        old.unlink()
 
     def flush() -> None:
-        path = write_atomic(log_dir, stream, rows)
-        files.append(path)
-        manifest.append({"name": path.name, "rows": len(rows), "first_seq": rows[0][0], "last_seq": rows[-1][0],
-                         "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+        files.append(write_atomic(log_dir, stream, rows))  # listed in the log's manifest as it is written
         rows.clear()
 
     for seq, (subject, data, t) in enumerate(records, start=1):
@@ -52,8 +53,9 @@ def write_log(log_dir: Path, records: Iterable[tuple[str, bytes, float]], *, con
             flush()
     if rows:
         flush()
+    found = written.read(log_dir, stream)
     run = {"format": FORMAT, "config": dict(config), "params": params, "sources": dict(sources),
-           "stream": stream, "files": manifest, **(extra or {})}
+           "stream": stream, "files": found.entries if found is not None else [], **(extra or {})}
     tmp = log_dir / f".tmp-{RUN_FILE}"
     tmp.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n")
     tmp.replace(log_dir / RUN_FILE)

@@ -13,8 +13,9 @@ Each core's answers depend only on the log, so the cores can be checked in proce
 (`jobs`, Linux: forked after the log is read) and their first differences merged: the result is the
 same as a check in one process.
 
-A missing or unreadable file, or a file whose bytes differ from the run's manifest, is reported by
-name; the check stops at the first gap in the stream and says which decisions it could not check.
+A missing, unreadable or extra file, or a file whose bytes differ from the run's manifest (run.json's
+`files`, else the recorder's `manifest-<stream>.jsonl`: `controlplane.eventlog.check`), is reported by
+name, with or without run.json; the check stops at the first gap in the stream and says which decisions it could not check.
 
 A live run (`rubick up --sim-cluster`, `kind: "live"` in run.json, see `replay.live`) is checked the
 same way, with what a live deployment adds: each core consumed the stream on its own, so an event is
@@ -27,7 +28,6 @@ are then reported as not recorded, not as a difference.
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import pickle
@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.eventlog import scan
+from controlplane.eventlog import check, scan
 from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
 from controlplane.bus.base import Delivery, matches_any
+from controlplane.service import answers
 
 from .config import PolicyFactory, RunConfig, control_cores, load_parts
 from .record import read_run
@@ -95,13 +96,8 @@ def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult,
     """The recorded events in sequence order, up to the first gap or undecodable row. With
     `undecodable` (a live run), an undecodable row is put there by sequence and the walk goes on."""
     listed = {f["name"]: f for f in run.get("files", [])}
-    on_disk = {p.name for p in Path(log_dir).iterdir()} if Path(log_dir).is_dir() else set()
-    for name in sorted(listed):
-        if name not in on_disk:
-            f = listed[name]
-            result.problems.append(f"{name}: missing (events {f['first_seq']}..{f['last_seq']} of the run)")
-        elif hashlib.sha256((Path(log_dir) / name).read_bytes()).hexdigest() != listed[name]["sha256"]:
-            result.problems.append(f"{name}: its bytes differ from the run's manifest (changed or corrupt)")
+    for path, why in check(log_dir, run.get("files")):
+        result.problems.append(f"{path.name}: {why}")
     logscan = scan(log_dir, ["subject", "data"])
     for path, why in logscan.problems:
         result.problems.append(f"{path.name}: {why}")
@@ -190,8 +186,7 @@ def _walk(stream: _Stream, cores: list[Any]) -> _Walk:
         for c in subs:
             if limit is not None and seq > limit[c.name]:
                 continue  # the run stopped before this core handled it
-            for out in c.handle(event):
-                produced[c.name].append((out, encode(out)))
+            produced[c.name].extend(answers(c, event, seq)[0])  # as the live shell answers, failures too
     walk.leftovers = {name: (len(q), _plain(q[0][1])) for name, q in produced.items() if q}
     return walk
 
@@ -281,9 +276,11 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     except FileNotFoundError:
         result.problems.append("run.json: missing, so the cores that made the run cannot be rebuilt; nothing "
                                "checked")
+        result.problems.extend(f"{path.name}: {why}" for path, why in check(log_dir))
         return result
     except ValueError as exc:
         result.problems.append(f"run.json: unreadable ({exc}); nothing checked")
+        result.problems.extend(f"{path.name}: {why}" for path, why in check(log_dir))
         return result
     from .live import rebuilt_cores
 

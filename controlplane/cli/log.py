@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from ..bus.base import subject_matches
-from ..eventlog import scan
+from ..eventlog import check, scan
 from ..events import Invalid, decode
 from ..events.schema import to_plain
 from .common import fail
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         frame = filtered(result.frame, args)
     except (FileNotFoundError, ValueError) as exc:
         return fail(str(exc))
-    _report(result.problems)
+    _report(result.problems + check(args.dir))
     if args.verb == "stats":
         return _stats(frame, result)
     if args.verb == "tail":

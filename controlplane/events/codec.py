@@ -24,8 +24,13 @@ from .schema import Invalid, build, to_plain
 
 ENVELOPE_KEYS = ("v", "id", "subject", "time", "source", "data")
 MAX_MESSAGE_BYTES = 1024 * 1024
+DECODER_FAILED = "the decoder failed on it"
 """NATS's default max_payload; larger messages are refused."""
 
+MAX_EVENT_TIME = 253_402_300_800.0
+"""Event times are seconds since the epoch in [0, MAX_EVENT_TIME): before 10000-01-01 UTC, the end of the
+event log's datetime columns. A fixed bound, never the wall clock, so a replay refuses exactly what the
+run refused; simulated and replayed clocks that start near 0 are inside it."""
 
 @dataclass(frozen=True)
 class Event:
@@ -70,6 +75,8 @@ def encode(event: Event) -> bytes:
 def unpack(data: bytes) -> Any:
     """msgpack bytes -> Python value, or Invalid('malformed msgpack')."""
     if len(data) > MAX_MESSAGE_BYTES:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise Invalid("not bytes", "", "msgpack bytes", type(data).__name__)
         raise Invalid("message too large", "", f"at most {MAX_MESSAGE_BYTES} bytes", f"{len(data)} bytes")
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -78,8 +85,16 @@ def unpack(data: bytes) -> Any:
 
 
 def decode(data: bytes, wire_subject: str | None = None) -> Event:
-    """Validate and decode wire bytes. `wire_subject` is the NATS subject it arrived on."""
-    return decode_obj(unpack(data), wire_subject)
+    """Validate and decode wire bytes. `wire_subject` is the NATS subject it arrived on. Raises nothing but
+    `Invalid`: should a check fail in a way not foreseen, that is `Invalid` too (reason `DECODER_FAILED`),
+    so no message can stop a service or a replay."""
+    obj = unpack(data)
+    try:
+        return decode_obj(obj, wire_subject)
+    except Invalid:
+        raise
+    except Exception as exc:
+        raise Invalid(DECODER_FAILED, "", "a valid event", f"{type(exc).__name__}: {exc}"[:200]) from exc
 
 
 def decode_obj(obj: Any, wire_subject: str | None = None) -> Event:
@@ -107,9 +122,10 @@ def decode_obj(obj: Any, wire_subject: str | None = None) -> Event:
         raise Invalid("unknown schema version", "v", f"1..{version}", str(v))
     if not isinstance(eid, str) or not 0 < len(eid) <= 128:
         raise Invalid("event id must be a string of 1 to 128 characters", "id", "string", repr(eid)[:60])
-    if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time) or time < 0:
-        raise Invalid("event time must be a finite number of seconds >= 0", "time", "number >= 0",
-                      repr(time)[:60])
+    if (isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time)
+            or not 0 <= time < MAX_EVENT_TIME):
+        raise Invalid("event time must be seconds since the epoch, before the year 10000", "time",
+                      f"0 <= time < {MAX_EVENT_TIME:.0f}", repr(time)[:60])
     if not isinstance(source, str) or len(source) > 128:
         raise Invalid("source must be a string of at most 128 characters", "source", "string",
                       repr(source)[:60])

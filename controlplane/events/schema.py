@@ -10,6 +10,7 @@ documents. Pure code: no I/O.
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import math
 import re
 import types
@@ -60,7 +61,10 @@ def spec(
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # nested deeper than repr goes: show its first levels
+        text = reprlib.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

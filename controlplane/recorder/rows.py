@@ -3,7 +3,9 @@
 It keeps the wire bytes exactly and pulls out the typed query columns without
 validating the payload (validation and `*.rejected` answers belong to the
 admission service); a message that is not even a msgpack envelope still gets a
-row, with `error` saying why, so nothing is ever lost.
+row, with `error` saying why, so nothing is ever lost. `row_of` never raises:
+should pulling out a column fail in a way not foreseen, the message still gets
+a row, with its bytes, its subject and the failure in `error`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ SCHEMA: dict[str, pl.DataType] = {
 
 COLUMNS = tuple(SCHEMA)
 
+MAX_US = 253_402_300_800_000_000
+"""Datetime columns hold times before the year 10000 (UTC), in microseconds since the epoch."""
+
 _PLAN_DEFAULTS = {"dp": 1, "tp": 1, "pp": 1, "zero_stage": 0, "offload": False, "ga_steps": 1, "gc": False,
                   "micro_batches": 1}
 
@@ -49,7 +54,7 @@ def plan_code(plan: Any) -> str | None:
         return (f"dp{int(p['dp'])}-tp{int(p['tp'])}-pp{int(p['pp'])}-z{int(p['zero_stage'])}"
                 f"{'-off' if p['offload'] else ''}-ga{int(p['ga_steps'])}{'-gc' if p['gc'] else ''}"
                 f"{f'-mb{mb}' if mb != 1 else ''}")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite size
         return None
 
 
@@ -64,11 +69,38 @@ def _us(value: Any) -> int | None:
         us = int(value * 1_000_000)
     except (OverflowError, ValueError):
         return None
-    return us if 0 <= us < 253_402_300_800_000_000 else None  # before year 10000
+    return us if 0 <= us < MAX_US else None
 
 
 def row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float) -> tuple:
-    """A row in COLUMNS order. Times are microseconds since the epoch."""
+    """A row in COLUMNS order. Times are microseconds since the epoch. Never raises."""
+    try:
+        return _row_of(seq, subject, data, msg_id, stored)
+    except Exception as exc:  # a message must never stop the recorder: keep its bytes, say what failed
+        return failed_row(seq, subject, data, msg_id, _us(stored), f"row builder failed ({_failure(exc)})")
+
+
+def failed_row(seq: int, subject: Any, data: Any, msg_id: Any, stored_us: int | None, error: str) -> tuple:
+    """A row with only the message's bytes, its place in the stream and `error`: for a message whose
+    columns could not be pulled out."""
+    text = subject if isinstance(subject, str) else None
+    stored_us = stored_us if isinstance(stored_us, int) and 0 <= stored_us < MAX_US else None
+    return (seq, stored_us, _text(text), None, None, None, None, None, None, None, None, None, None,
+            _text(msg_id) if isinstance(msg_id, str) else None, error, bytes(data))
+
+
+def _text(value: str | None) -> str | None:
+    """`value` as text Parquet can hold (lone surrogates replaced)."""
+    if value is None:
+        return None
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def _failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+
+
+def _row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float) -> tuple:
     event_id = v = time = source = job_id = node = model_type = iter_time = plan = error = None
     jobs: str | None = None  # joined by _SEP, split into a list column by frame()
     try:
@@ -123,3 +155,20 @@ def frame(rows: list[tuple]) -> pl.DataFrame:
         else:
             data[name] = pl.Series(name, values, dtype=dtype)
     return pl.DataFrame(data)
+
+
+def safe_frame(rows: list[tuple]) -> pl.DataFrame:
+    """`frame(rows)`; should a row not fit the schema, it is replaced by a `failed_row` naming why, so a
+    file of the log can always be written (the message's bytes are kept either way)."""
+    try:
+        return frame(rows)
+    except Exception:
+        pass
+    fixed = []
+    for row in rows:
+        try:
+            frame([row])
+            fixed.append(row)
+        except Exception as exc:
+            fixed.append(failed_row(row[0], row[2], row[-1], row[13], row[1], f"row not storable ({_failure(exc)})"))
+    return frame(fixed)

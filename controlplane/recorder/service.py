@@ -29,7 +29,8 @@ from .. import metrics
 from ..bus.base import Bus, Delivery
 from ..bus.inorder import reopen_retrying
 from .rows import row_of
-from .writer import clean_temporaries, recorded_max_seq, write_atomic
+from . import manifest
+from .writer import TMP_PREFIX, clean_temporaries, recorded_max_seq, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,12 @@ class Recorder:
 
     async def run(self, stop: asyncio.Event) -> None:
         log_dir = Path(self.cfg.log_dir)
+        interrupted = set()
         for tmp in clean_temporaries(log_dir):
             log.warning("removed %s left by an interrupted write (its messages come again)", tmp.name)
+            interrupted.add(tmp.name[len(TMP_PREFIX):])
+        for note in manifest.repair(log_dir, self.stream, interrupted):
+            log.warning("%s", note)
         self.max_seq = recorded_max_seq(log_dir, self.stream)
         consumer = await self._consumer()
         self.ready.set()

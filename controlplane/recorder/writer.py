@@ -1,8 +1,9 @@
 """Atomic Parquet files of the event log.
 
-A file is written under a temporary name, flushed to disk, and renamed, so a
-crash never leaves a torn file: either the whole file is there or none of it.
-Names carry the stream identity and the sequence range:
+A file is written under a temporary name, flushed to disk, listed in the
+stream's manifest (`manifest.py`: rows, sequences, size, sha256), and renamed, so
+a crash never leaves a torn file: either the whole file is there or none of it,
+and every file in place is in the manifest. Names carry the stream identity and the sequence range:
 `events-<stream>-<first seq>-<last seq>.parquet`.
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
-from .rows import frame
+from . import manifest
+from .rows import safe_frame
 
 FILE_RE = re.compile(r"^events-(?P<stream>[0-9a-z]+)-(?P<first>\d{12})-(?P<last>\d{12})\.parquet$")
 TMP_PREFIX = ".tmp-"
@@ -37,14 +39,16 @@ def recorded_max_seq(log_dir: Path, stream: str) -> int:
 
 
 def write_atomic(log_dir: Path, stream: str, rows: list[tuple], compression: str = "zstd") -> Path:
-    """Write rows (in sequence order) to one new Parquet file; returns its path."""
+    """Write rows (in sequence order) to one new Parquet file, listed in the stream's manifest; returns
+    its path."""
     log_dir.mkdir(parents=True, exist_ok=True)
     first, last = rows[0][0], rows[-1][0]
     final = log_dir / file_name(stream, first, last)
     tmp = log_dir / f"{TMP_PREFIX}{final.name}"
-    frame(rows).write_parquet(tmp, compression=compression, statistics=True)
+    safe_frame(rows).write_parquet(tmp, compression=compression, statistics=True)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
+    manifest.append(log_dir, stream, manifest.file_entry(tmp, final.name, len(rows), first, last))
     os.replace(tmp, final)
     dir_fd = os.open(log_dir, os.O_RDONLY)
     try:

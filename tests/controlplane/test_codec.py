@@ -56,7 +56,10 @@ _DELETE = object()
     (["v"], 0, "v", "unknown schema version"),
     (["subject"], "job.exploded", "subject", "unknown subject"),
     (["extra"], 1, "extra", "unknown envelope field"),
-    (["time"], -1.0, "time", "event time must be a finite number of seconds >= 0"),
+    (["time"], -1.0, "time", "event time must be seconds since the epoch, before the year 10000"),
+    (["time"], 1e300, "time", "event time must be seconds since the epoch, before the year 10000"),
+    (["time"], 253_402_300_800, "time", "event time must be seconds since the epoch, before the year 10000"),
+    (["time"], float("nan"), "time", "event time must be seconds since the epoch, before the year 10000"),
     (["id"], "", "id", "event id must be a string of 1 to 128 characters"),
 ])
 def test_precise_reasons(path, value, field, reason):

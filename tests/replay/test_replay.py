@@ -111,12 +111,15 @@ def test_a_missing_file_is_named_and_nothing_after_it_is_claimed(recorded, tmp_p
 def test_a_corrupt_file_and_a_missing_run_description_are_reported(recorded, tmp_path):
     d = copy_log(recorded, tmp_path)
     [path] = sorted(d.glob("*.parquet"))
-    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2])
     result = verify(d)
     assert any(path.name in p and "unreadable Parquet" in p for p in result.problems)
     (d / "run.json").unlink()
     result = verify(d)
-    assert result.problems == ["run.json: missing, so the cores that made the run cannot be rebuilt; nothing checked"]
+    assert result.problems == ["run.json: missing, so the cores that made the run cannot be rebuilt; nothing checked",
+                               f"{path.name}: its bytes differ from the log's manifest (manifest-{path.name.split('-')[1]}"
+                               f".jsonl) (truncated: {size // 2:,} of its {size:,} bytes)"]
 
 
 def test_what_if_replays_the_recorded_day_under_another_policy(recorded, tmp_path):
@@ -203,13 +206,31 @@ def test_a_clean_log_checked_in_parallel_processes_checks_every_answer(recorded)
     assert three.checked["model.updated"] == out.summary["events"]["model.updated"] > 0
 
 
-def test_a_core_failing_in_a_child_process_is_raised_with_where_it_failed(recorded, monkeypatch):
+def test_a_core_failing_in_a_child_process_is_answered_as_the_live_shell_answers(recorded, monkeypatch):
+    """A core that raises is answered with the shell's `*.rejected` (controlplane.service.answers), in replay as
+    live: here the recorded run had no such failure, so the check names the first answer that differs."""
     from modeler.service import ModelerCore
 
     def boom(self, event):
         raise KeyError("planted")
 
     monkeypatch.setattr(ModelerCore, "handle", boom)
+    result = verify(recorded[0] / "events", jobs=2)
+    assert result.divergence is not None and result.divergence.core == "modeler"
+    assert result.divergence.replayed["data"]["reason"] == "the modeler service failed on it (KeyError: 'planted')"
+
+
+def test_a_check_failing_in_a_child_process_is_raised_with_where_it_failed(recorded, monkeypatch):
+    import replay.verify as verify_module
+
+    real = verify_module.answers
+
+    def boom(core, event, seq):
+        if core.name == "modeler":
+            raise KeyError("planted")
+        return real(core, event, seq)
+
+    monkeypatch.setattr(verify_module, "answers", boom)
     with pytest.raises(KeyError, match="planted") as info:
         verify(recorded[0] / "events", jobs=2)
     assert any("modeler" in note and "boom" in note for note in info.value.__notes__)
