@@ -102,7 +102,7 @@ class AgentShell:
             log.info("agent %s: skipped undecodable seq %d on %s: %s", self.node, d.seq, d.subject, exc)
             return
         try:
-            out = self.core.handle(event)
+            out = [(e, encode(e)) for e in self.core.handle(event)]
         except Exception:  # a core bug must not take the node's jobs down with the agent
             log.exception("agent %s: handler failed on seq %d", self.node, d.seq)
             return

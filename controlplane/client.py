@@ -44,15 +44,15 @@ def load_job(path: str | Path) -> JobSubmitted:
         doc = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise Invalid(f"no such file: {path}") from None
-    except yaml.YAMLError as exc:
     except OSError as exc:
         raise Invalid(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise Invalid(f"{path} is not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
         raise Invalid(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
-    return job_from_dict(doc)
     except RecursionError:
         raise Invalid(f"{path} is nested too deeply to be a job") from None
+    return job_from_dict(doc)
 
 
 def job_to_dict(job: JobSubmitted) -> dict:

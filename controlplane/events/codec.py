@@ -23,14 +23,14 @@ from .catalog import UnknownSubject, base_subject, payload_type
 from .schema import Invalid, build, to_plain
 
 ENVELOPE_KEYS = ("v", "id", "subject", "time", "source", "data")
-MAX_MESSAGE_BYTES = 1024 * 1024
 DECODER_FAILED = "the decoder failed on it"
+MAX_MESSAGE_BYTES = 1024 * 1024
 """NATS's default max_payload; larger messages are refused."""
-
 MAX_EVENT_TIME = 253_402_300_800.0
 """Event times are seconds since the epoch in [0, MAX_EVENT_TIME): before 10000-01-01 UTC, the end of the
 event log's datetime columns. A fixed bound, never the wall clock, so a replay refuses exactly what the
 run refused; simulated and replayed clocks that start near 0 are inside it."""
+
 
 @dataclass(frozen=True)
 class Event:
@@ -74,9 +74,9 @@ def encode(event: Event) -> bytes:
 
 def unpack(data: bytes) -> Any:
     """msgpack bytes -> Python value, or Invalid('malformed msgpack')."""
-    if len(data) > MAX_MESSAGE_BYTES:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise Invalid("not bytes", "", "msgpack bytes", type(data).__name__)
+    if len(data) > MAX_MESSAGE_BYTES:
         raise Invalid("message too large", "", f"at most {MAX_MESSAGE_BYTES} bytes", f"{len(data)} bytes")
     try:
         return msgpack.unpackb(data, raw=False, strict_map_key=False)
