@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     p.add_argument("--mem-gb", type=float, default=0.0, help="host memory offered, GB (default: all)")
     p.add_argument("--state-dir", type=Path, default=None,
                    help="jobs' run files, logs, checkpoints (default: <data-dir>/agent-<node>)")
+    p.add_argument("--reporter-creds", type=Path,
+                   help="nkey seed file the node's training processes report with (default: reporter-<node>.nk "
+                        "beside the agent's own)")
     p.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--stop-timeout", type=float, default=300.0,
                    help="seconds a job gets to checkpoint and exit before it is killed")
@@ -58,7 +61,10 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
                              run_extra={"size": args.size, "seed": args.seed,
                                         "checkpoint_every": args.checkpoint_every},
                              stop_timeout_s=args.stop_timeout)
-    bus = await JetStreamBus.connect(url, name=f"rubick-agent-{args.node}")
+    credentials = agent_credentials(args)
+    launcher.env.update(reporter_env(args, credentials))
+    bus = await JetStreamBus.connect(url, name=f"rubick-agent-{args.node}", create_stream=False,
+                                     credentials=credentials)
     shell = AgentShell(bus, capacity, launcher, heartbeat_s=args.heartbeat)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -76,3 +82,41 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
     finally:
         await bus.close()
     return 0
+
+
+def agent_credentials(args: argparse.Namespace):
+    """The agent's own credentials: --creds, $RUBICK_NATS_CREDS, or DATA_DIR/auth/agent-<node>.nk, created
+    there (with its reporter's) when this machine holds the credentials folder of a `rubick up`."""
+    from controlplane.auth import AuthStore, Identity
+    from controlplane.cli.common import credentials_for
+    from controlplane.runtime import read_endpoints
+
+    identity = Identity("agent", args.node)
+    found = credentials_for(args, identity)
+    endpoints = read_endpoints(args.data_dir) or {}
+    if found.seed_file is None and endpoints.get("auth_dir"):
+        from controlplane.auth.admin import provision
+        provision(AuthStore(endpoints["auth_dir"]), [identity, Identity("reporter", args.node)], endpoints)
+        print(f"rubick agent: created credentials for {identity.name} in {endpoints['auth_dir']}", flush=True)
+        found = credentials_for(args, identity)
+    return found
+
+
+def reporter_env(args: argparse.Namespace, agent) -> dict[str, str]:
+    """What the node's training processes connect with: the node's reporter identity (it may publish only
+    this node's `metrics.iteration`), found beside the agent's seed file; TLS as the agent's."""
+    from controlplane.auth.credentials import ENV_CREDS, ENV_TLS_CA
+
+    env = {}
+    if agent.seed_file is not None:
+        reporter = Path(agent.seed_file).with_name(f"reporter-{args.node}.nk")
+        if args.reporter_creds:
+            reporter = Path(args.reporter_creds)
+        if reporter.exists():
+            env[ENV_CREDS] = str(reporter.resolve())
+        else:
+            print(f"rubick agent: no reporter credentials at {reporter}: training processes cannot report "
+                  "iterations (give --reporter-creds)", flush=True)
+    if agent.tls_ca is not None:
+        env[ENV_TLS_CA] = str(Path(agent.tls_ca).resolve())
+    return env

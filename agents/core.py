@@ -27,12 +27,15 @@ from typing import Any
 
 from controlplane.events import Decision, Event, NodeShare, Plan, Rejected, make
 from controlplane.events import payloads as p
+from controlplane.events.catalog import subject_node
 
 from .node import NodeCapacity
 from .plan_check import JobInfo, Refusal, TrainerLimits, check_decision, share_in, share_of
 
-SUBJECTS = ("job.submitted", "job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",
-            "node.registered", "node.lost", "plan.decided", "plan.decided.>")
+_NODE_FACTS = ("job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted", "node.registered",
+               "node.lost")
+SUBJECTS = ("job.submitted", *_NODE_FACTS, *(f"{s}.>" for s in _NODE_FACTS), "plan.decided", "plan.decided.>")
+"""What an agent reads; the node-scoped facts come bare (recorded logs, simulated agents) or with a node."""
 TERMINAL = ("completed", "failed")
 
 
@@ -186,6 +189,8 @@ class AgentCore:
                                                    x.target_iterations))
             return []
         if base.startswith("job.") and base != "job.rejected":
+            if x.job_id in self.local and subject_node(event.subject) not in (None, self.node):
+                return []  # another node cannot speak for a job running here
             if self.status.get(x.job_id) not in TERMINAL:  # a late copy never revives an ended job
                 self.status[x.job_id] = base.split(".", 1)[1]
             if base == "job.started":
@@ -267,7 +272,7 @@ class AgentCore:
         payload = Rejected(subject=event.subject, reason=f"node {self.node}: {reason}",
                            field=f"data.decisions[{index}].{fld}", expected=expected[:500], got=got[:500],
                            event_id=event.id, job_id=job_id)
-        return make("plan.rejected", payload, time=event.time, id=_ident("rej", event.id, self.node, job_id),
+        return make(f"plan.rejected.{self.node}", payload, time=event.time, id=_ident("rej", event.id, self.node, job_id),
                     source=f"agent-{self.node}")
 
     def _carry_out(self, d: Decision, now: float) -> list[Event]:
@@ -391,7 +396,7 @@ class AgentCore:
         leader = next((s.node for s in lj.allocation if s.gpus > 0), self.node)
         if leader != self.node:
             return []
-        return [make(subject, payload, time=now, id=_ident(self.node, lj.job.job_id, f"a{lj.attempt}", kind),
+        return [make(f"{subject}.{self.node}", payload, time=now, id=_ident(self.node, lj.job.job_id, f"a{lj.attempt}", kind),
                      source=f"agent-{self.node}")]
 
     # --- after a restart -------------------------------------------------------------------------

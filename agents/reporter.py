@@ -37,8 +37,10 @@ PHASES = ("fwd", "bwd", "opt")
 class Reporter:
     def __init__(self, *, job_id: str, model_type: str, plan: Plan, gpus_per_node: Sequence[int],
                  nats_url: str | None, node: str = "", cpus_per_gpu: int | None = None, attempt: int = 1,
-                 buffer: int = 10_000, source: str = "reporter") -> None:
+                 buffer: int = 10_000, source: str = "reporter", credentials: Any = None) -> None:
         self.job_id, self.model_type, self.plan = job_id, model_type, plan
+        self.credentials = credentials
+        """`controlplane.auth.Credentials`; None: those the agent named in the environment (docs/security.md)."""
         self.gpus_per_node = tuple(gpus_per_node)
         self.node, self.cpus_per_gpu, self.attempt = node, cpus_per_gpu, attempt
         self.nats_url, self.source = nats_url, source
@@ -108,7 +110,8 @@ class Reporter:
                                    node=self.node, cpus_per_gpu=self.cpus_per_gpu, fwd_s=fwd_s, bwd_s=bwd_s,
                                    opt_s=opt_s)
         msg_id = f"{self.job_id}-a{self.attempt}-i{iteration}"
-        event = make("metrics.iteration", payload, time=time.time(), id=msg_id, source=self.source)
+        subject = f"metrics.iteration.{self.node}" if self.node else "metrics.iteration"
+        event = make(subject, payload, time=time.time(), id=msg_id, source=self.source)
         with self._lock:
             if len(self._queue) >= self._buffer:
                 self._queue.popleft()
@@ -142,6 +145,8 @@ class Reporter:
             log.exception("reporter stopped")
 
     async def _publish_loop(self) -> None:
+        from controlplane.auth import AuthError
+        from controlplane.auth.credentials import credentials_from_env
         from controlplane.bus.nats import JetStreamBus
 
         bus = None
@@ -150,8 +155,14 @@ class Reporter:
             if bus is None:
                 try:
                     bus = await JetStreamBus.connect(self.nats_url, name=f"reporter-{self.job_id}",
+                                                     credentials=self.credentials or credentials_from_env(),
                                                      create_stream=False, connect_timeout=2.0)
                     backoff = 0.2
+                except AuthError as exc:  # said once per attempt, loudly: it will not mend by itself
+                    log.error("reporter: %s; %d buffered", exc, self.pending)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
                 except Exception as exc:
                     log.info("reporter: NATS not reachable (%s); %d buffered", exc, self.pending)
                     await asyncio.sleep(backoff)

@@ -57,7 +57,7 @@ class AgentShell:
 
     async def start(self) -> int:
         """Register, restore, reconcile. Returns the last stream sequence restored."""
-        await self.publish([self._event("node.registered", self.capacity.registered())])
+        await self.publish([self._event(f"node.registered.{self.node}", self.capacity.registered())])
         upto = await self.bus.last_seq()
         self.core.restoring = True
         async for d in self.bus.read(tuple(self.core.subjects), 1, upto):
@@ -90,7 +90,7 @@ class AgentShell:
                 await self._watch()
                 if time.monotonic() - beat_at >= self.heartbeat_s:
                     beat_at = time.monotonic()
-                    await self.publish([self._event("node.heartbeat",
+                    await self.publish([self._event(f"node.heartbeat.{self.node}",
                                                     NodeHeartbeat(node=self.node, jobs=self.core.running_jobs()))])
         finally:
             await consumer.close()

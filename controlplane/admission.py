@@ -2,7 +2,8 @@
 
 It folds the cluster state and applies `ClusterState.check_submission` (job id
 reused, unknown model type, more resources than the cluster has, TP wider than
-any node); schema-level problems never reach it, the shell answers those.
+any node), and a node's report on a job that is not placed on that node
+(`ClusterState.refusal`); schema-level problems never reach it, the shell answers those.
 """
 
 from __future__ import annotations
@@ -31,5 +32,11 @@ class AdmissionCore:
                     subject="job.submitted", reason=reason, field=field, expected=expected, got=got,
                     event_id=event.id, job_id=sub.job_id), time=event.time, id=f"rej-{event.id}",
                     source=self.name))
+        refusal = self.state.refusal(event)
+        if refusal is not None:
+            out.append(make("job.rejected", Rejected(
+                subject=event.subject, reason=refusal, field="subject", expected="a node the job is placed on",
+                got=event.subject, event_id=event.id, job_id=event.payload.job_id), time=event.time,
+                id=f"rej-{event.id}", source=self.name))
         self.state.apply(event)
         return out

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .events import Event, NodeShare, Plan
+from .events.catalog import subject_node
 from .events import payloads as p
 
 JOB_STATES = ("queued", "running", "completed", "failed", "preempted")
@@ -123,9 +124,28 @@ class ClusterState:
                         str(sub.plan.tp))
         return None
 
+    def refusal(self, event: Event) -> str | None:
+        """Why a node's lifecycle event is refused (None: accepted): a job started, reconfigured,
+        completed, failed or preempted on a node (the subject's last part, `job.completed.<node>`)
+        where it is neither placed nor decided to be, or a job nobody submitted. A refused event
+        changes nothing in the fold; admission answers it with `job.rejected`."""
+        node = subject_node(event.subject)
+        if node is None or event.base not in _LIFECYCLE:
+            return None
+        job = self.jobs.get(event.payload.job_id)
+        if job is None:
+            return f"node {node} reports on job {event.payload.job_id}, which is not known"
+        if job.status in _FINAL:
+            return None  # a late copy changes nothing
+        if node not in {share.node for share in (*job.allocation, *job.decided_allocation)}:
+            return f"node {node} reports on job {job.job_id}, which is not placed on it"
+        return None
+
     # --- the fold ------------------------------------------------------------------
     def apply(self, event: Event) -> None:
         self.events += 1
+        if self.refusal(event) is not None:
+            return
         self.time = max(self.time, event.time)
         handler = _HANDLERS.get(event.base)
         if handler is not None:
@@ -144,6 +164,7 @@ class ClusterState:
 
 
 _FINAL = frozenset({"completed", "failed"})
+_LIFECYCLE = frozenset({"job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted"})
 
 
 def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:

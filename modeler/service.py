@@ -77,7 +77,7 @@ class ModelerCore:
     """See the module docstring. `params` seeds parameters per type (version 0, not published)."""
 
     name = NAME
-    subjects = ("metrics.iteration", "model.updated", "job.submitted")
+    subjects = ("metrics.iteration", "metrics.iteration.>", "model.updated", "job.submitted")
 
     def __init__(self, models: Mapping[str, ModelType], env: Environment, params: Mapping[str, PerfParams] | None = None,
                  *, threshold: float = 0.10, window: int = 20, min_window: int = 5, per_config: int = 4,
@@ -99,13 +99,13 @@ class ModelerCore:
     # --- the core's interface -------------------------------------------------------------------------
 
     def handle(self, event: Event) -> list[Event]:
-        if event.subject == "job.submitted":
+        if event.base == "job.submitted":
             self._job(event.payload)
             return []
         if event.subject == "model.updated":
             self._adopt(event.payload)
             return []
-        if event.subject == "metrics.iteration":
+        if event.base == "metrics.iteration":
             return self._measured(event)
         return []
 

@@ -62,7 +62,8 @@ class PolicyCore:
     models: dict[str, ModelType]
     oracle: Oracle
     name: str = "policy"
-    subjects: tuple[str, ...] = ("job.>", "node.>", "metrics.iteration", "model.updated", "clock.tick")
+    subjects: tuple[str, ...] = ("job.>", "node.>", "metrics.iteration", "metrics.iteration.>", "model.updated",
+                                  "clock.tick")
     state: ClusterState = field(default_factory=ClusterState)
     progress: dict[str, Progress] = field(default_factory=dict)
     round: int = 0
@@ -88,8 +89,8 @@ class PolicyCore:
     # --- events ---------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Event]:
         base = event.base
-        if base == "plan.decided":
-            return []
+        if base == "plan.decided" or self.state.refusal(event) is not None:
+            return []  # a node's report on a job not placed on it changes nothing (admission answers it)
         known_before = event.payload.job_id in self.state.jobs if base == "job.submitted" else False
         self.state.apply(event)
         out: list[Event] = []

@@ -35,8 +35,15 @@ STREAM_NAME = "RUBICK"
 STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>")
 """One JetStream stream captures every control-plane subject (and any routing suffix)."""
 
-ROUTED = frozenset({"plan.decided", "metrics.iteration", "node.heartbeat"})
-"""Subjects that may carry a routing suffix, e.g. `plan.decided.<node>`."""
+NODE_SCOPED = frozenset({"job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",
+                         "node.registered", "node.heartbeat", "node.lost", "metrics.iteration", "plan.rejected"})
+"""Subjects a node agent (or a training process on its node) publishes with its node id as the last part:
+`job.started.<node>`. Permissions can then say which node an identity speaks for (docs/security.md), and
+the cores refuse such an event when its payload speaks for another node. The bare subject stays valid for
+publishers that speak for no node in particular (simulated agents, recorded logs)."""
+
+ROUTED = frozenset({"plan.decided"}) | NODE_SCOPED
+"""Subjects that may carry a suffix: `plan.decided.<node>` for routing, the node-scoped ones for identity."""
 
 
 class UnknownSubject(ValueError):
@@ -58,6 +65,17 @@ def base_subject(subject: str) -> str:
         if subject.startswith(known + ".") and len(subject) > len(known) + 1:
             return known
     raise UnknownSubject(subject)
+
+
+def subject_node(subject: str) -> str | None:
+    """The node a node-scoped wire subject speaks for (`job.started.node-3` -> `node-3`), else None."""
+    try:
+        base = base_subject(subject)
+    except UnknownSubject:
+        return None
+    if base not in NODE_SCOPED or subject == base:
+        return None
+    return subject[len(base) + 1:]
 
 
 def payload_type(subject: str) -> tuple[type, int]:

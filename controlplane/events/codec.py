@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from .catalog import UnknownSubject, base_subject, payload_type
+from .identity import check_subject_node
 from .schema import Invalid, build, to_plain
 
 ENVELOPE_KEYS = ("v", "id", "subject", "time", "source", "data")
@@ -130,4 +131,5 @@ def decode_obj(obj: Any, wire_subject: str | None = None) -> Event:
         raise Invalid("source must be a string of at most 128 characters", "source", "string",
                       repr(source)[:60])
     payload = build(cls, obj["data"], "data")
+    check_subject_node(subject, payload)
     return Event(subject=subject, payload=payload, time=float(time), id=eid, source=source, v=v)

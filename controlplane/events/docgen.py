@@ -28,8 +28,12 @@ controlplane.events.docgen > docs/events.md`; a test fails when it is out of dat
 - Publish with JetStream (a request that is answered with a publish acknowledgement) and set the
   header `Nats-Msg-Id` to the event's `id`: a publish retried after a timeout is then stored once
   (the stream drops duplicates within its 2-minute window).
-- Subjects that may carry a routing suffix: {routed} (for example `plan.decided.node-3`); the
-  envelope's `subject` is then the full subject published on.
+- Subjects that may carry a suffix: {routed} (for example `plan.decided.node-3`); the
+  envelope's `subject` is then the full subject published on. A node agent (and a training process
+  on its node) publishes its node's events with the node id as that suffix (`job.started.node-3`,
+  `metrics.iteration.node-3`): the server lets it publish only its own node's subjects, and an event
+  whose payload speaks for another node (its `node`, or a job not placed on that node) is refused
+  (docs/security.md).
 
 ## Encoding
 

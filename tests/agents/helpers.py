@@ -69,7 +69,7 @@ class Watcher:
                 return got
             await asyncio.sleep(0.1)
         seen = [(e.subject, getattr(e.payload, "job_id", "")) for e in self.events if not e.subject.startswith("node.h")
-                and e.subject != "metrics.iteration"]
+                and e.base != "metrics.iteration"]
         raise AssertionError(f"timed out waiting for {message or what}; saw {seen}")
 
 

@@ -42,7 +42,7 @@ def running(core, job_id="j1", plan=DP2, gpus=2, cpus=0):
     assert core.handle(decided(place(job_id, plan, gpus, cpus))) == []
     (launch,) = core.take_actions()
     out = core.observe(Started(job_id, launch.attempt, 3.0))
-    assert [e.subject for e in out] == ["job.started"]
+    assert [e.subject for e in out] == ["job.started.n0"]
     return launch
 
 
@@ -68,10 +68,10 @@ def test_plan_change_is_checkpoint_relaunch_resume_with_measured_cost():
     assert (launch.plan, launch.attempt, launch.devices) == (OFF, 2, (0,))
     assert core.observe(Started("j1", 2, 12.5)) == []  # not a new start: a reconfiguration
     (reconf,) = core.observe(FirstIteration("j1", 2, 19.0))
-    assert reconf.subject == "job.reconfigured" and reconf.payload.plan == OFF
+    assert reconf.subject == "job.reconfigured.n0" and reconf.payload.plan == OFF
     assert reconf.payload.restart_cost_s == 9.0
     (done,) = core.observe(Exited("j1", 2, 30.0, 0, "completed", 100))
-    assert done.subject == "job.completed" and done.payload.iterations == 100 and core.running_jobs() == ()
+    assert done.subject == "job.completed.n0" and done.payload.iterations == 100 and core.running_jobs() == ()
 
 
 def test_same_decision_again_changes_nothing():
@@ -87,14 +87,14 @@ def test_withdrawn_allocation_preempts_after_checkpoint():
     (stop,) = core.take_actions()
     assert isinstance(stop, Stop)
     (pre,) = core.observe(Exited("j1", 1, 7.0, 0, "checkpointed", 33))
-    assert pre.subject == "job.preempted" and pre.payload.iterations_done == 33 and core.running_jobs() == ()
+    assert pre.subject == "job.preempted.n0" and pre.payload.iterations_done == 33 and core.running_jobs() == ()
 
 
 def test_crash_fails_the_job_with_code_and_log_and_releases_devices():
     core = core_with_job("j1", "j2")
     running(core)
     (failed,) = core.observe(Exited("j1", 1, 8.0, 1, "running", 5, "Signal 9 (SIGKILL) received"))
-    assert failed.subject == "job.failed" and failed.payload.exit_code == 1
+    assert failed.subject == "job.failed.n0" and failed.payload.exit_code == 1
     assert "SIGKILL" in failed.payload.log_tail and "code 1" in failed.payload.reason
     assert isinstance(core.take_actions()[0], Kill)
     launch = running(core, "j2")  # both devices are free again
@@ -102,7 +102,7 @@ def test_crash_fails_the_job_with_code_and_log_and_releases_devices():
 
 
 def rejections(out):
-    assert all(e.subject == "plan.rejected" for e in out)
+    assert all(e.subject == "plan.rejected.n0" for e in out)
     return [e.payload for e in out]
 
 
@@ -182,17 +182,17 @@ def test_reconcile_adopts_a_live_job_and_starts_no_duplicate():
     assert core.reconcile([found(True, "running")], 50.0) == []
     assert core.take_actions() == [] and core.running_jobs() == ("j1",)
     (done,) = core.observe(Exited("j1", 1, 60.0, None, "completed", 100))
-    assert done.subject == "job.completed"
+    assert done.subject == "job.completed.n0"
 
 
 def test_reconcile_reports_jobs_that_ended_or_vanished_while_away():
     core = restarted()
     (done,) = core.reconcile([found(False, "completed")], 50.0)
-    assert done.subject == "job.completed" and core.take_actions() == []
+    assert done.subject == "job.completed.n0" and core.take_actions() == []
     from controlplane.events import JobStarted
     core = restarted(ev("job.started", JobStarted(job_id="j1", allocation=place().allocation, plan=DP2), 3.0))
     (failed,) = core.reconcile([], 50.0)
-    assert failed.subject == "job.failed" and "agent was down" in failed.payload.reason
+    assert failed.subject == "job.failed.n0" and "agent was down" in failed.payload.reason
 
 
 def test_reconcile_launches_a_decision_never_acted_on():
@@ -211,6 +211,6 @@ def test_job_waiting_for_devices_after_its_checkpoint_is_preempted_when_taken_aw
     assert core.observe(Exited("j1", 1, 6.0, 0, "checkpointed", 17)) == []  # waits: j2 still holds a device
     assert core.take_actions() == []
     (pre,) = core.handle(decided(Decision(job_id="j1", allocation=()), t=7.0))
-    assert pre.subject == "job.preempted" and pre.payload.iterations_done == 17
+    assert pre.subject == "job.preempted.n0" and pre.payload.iterations_done == 17
     (pre2,) = core.observe(Exited("j2", 1, 8.0, 0, "checkpointed", 9))
     assert pre2.payload.job_id == "j2" and core.running_jobs() == () and core.take_actions() == []

@@ -65,6 +65,6 @@ async def test_submit_decide_train_reconfigure_complete(js_bus, tmp_path):
 
     frame = scan(tmp_path / "events", ["subject", "job_id", "plan"]).frame
     lifecycle = [(s, p) for s, j, p in frame.select("subject", "job_id", "plan").iter_rows()
-                 if j == "j1" and s in ("job.started", "job.reconfigured", "job.completed")]
-    assert lifecycle == [("job.started", DP2_Z2.code()), ("job.reconfigured", DP1_OFFLOAD_GA2.code()),
-                         ("job.completed", None)]
+                 if j == "j1" and s in ("job.started.n0", "job.reconfigured.n0", "job.completed.n0")]
+    assert lifecycle == [("job.started.n0", DP2_Z2.code()), ("job.reconfigured.n0", DP1_OFFLOAD_GA2.code()),
+                         ("job.completed.n0", None)]  # the agent speaks for its node: n0 in every subject
