@@ -24,7 +24,8 @@ import nats.errors
 import nats.js.errors
 import yaml
 
-from .bus.nats import JetStreamBus
+from .auth import Credentials, Identity, find_credentials
+from .bus.nats import JetStreamBus, redact_url
 from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
 from .events.schema import to_plain
 
@@ -79,12 +80,21 @@ class Client:
         self.bus = bus
 
     @classmethod
-    async def connect(cls, nats_url: str, *, connect_timeout: float = 3.0) -> "Client":
+    async def connect(cls, nats_url: str, *, connect_timeout: float = 3.0, credentials: Credentials | None = None,
+                      data_dir: str | Path | None = None, identity: Identity | None = None) -> "Client":
+        """Connect as a submitter. Without `credentials`, they are found as every command finds them
+        ($RUBICK_NATS_CREDS, or the `rubick up` of `data_dir`, default .rubick): see docs/security.md.
+        Refused or missing credentials raise `AuthError` saying what is missing."""
+        if credentials is None:
+            from .runtime import DEFAULT_DATA_DIR, read_endpoints
+            folder = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
+            credentials = find_credentials(identity or Identity("submitter"), data_dir=folder,
+                                           endpoints=read_endpoints(folder))
         try:
             bus = await JetStreamBus.connect(nats_url, name="rubick-client", create_stream=False,
-                                             connect_timeout=connect_timeout)
+                                             connect_timeout=connect_timeout, credentials=credentials)
         except (nats.errors.NoServersError, OSError, asyncio.TimeoutError) as exc:
-            raise ConnectionError(f"cannot reach NATS at {nats_url}: {exc or type(exc).__name__}") from None
+            raise ConnectionError(f"cannot reach NATS at {redact_url(nats_url)}: {exc or type(exc).__name__}") from None
         return cls(bus)
 
     async def __aenter__(self) -> "Client":
@@ -144,6 +154,7 @@ class Client:
 
     async def close(self) -> None:
         await self.bus.close()
+
 
 async def _refusal(sub, event_id: str, timeout: float) -> Rejected | None:
     """The refusal of `event_id` among the messages `sub` has received, waiting at most `timeout` for one."""

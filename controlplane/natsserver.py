@@ -32,6 +32,9 @@ OWNER_FILE = "server.json"
 """In the server's data folder: who started the server last (owner and server pids), and on which port."""
 
 
+SERVER_NAME = "rubick-embedded"
+
+
 class NatsServerError(RuntimeError):
     pass
 
@@ -116,6 +119,8 @@ class NatsServer:
     """Tried in order when `port` is 0."""
     stop_with_owner: bool = True
     """Ask the kernel to stop the server when the thread that starts it dies (Linux; main thread only)."""
+    config_file: Path | None = None
+    """A nats-server configuration file (authorization and TLS blocks: `controlplane.auth.AuthStore`)."""
     proc: subprocess.Popen | None = field(default=None, repr=False)
     ready_s: float = 0.0
     stopped_orphans: list[int] = field(default_factory=list)
@@ -146,7 +151,11 @@ class NatsServer:
             self.port = self._pick_port()
             log_file = self.log_file or self.data_dir / "nats-server.log"
             args = [str(nats_server_binary()), "-a", self.host, "-p", str(self.port), "-js",
-                    "-sd", str(self.store), "-l", str(log_file), "--server_name", "rubick-embedded"]
+                    "-sd", str(self.store), "-l", str(log_file)]
+            if self.config_file is not None:  # the name goes in the file too: a reload must find it unchanged
+                args += ["-c", str(self._main_config())]
+            else:
+                args += ["--server_name", SERVER_NAME]
             self._log_offset = log_file.stat().st_size if log_file.exists() else 0
             self._t0 = time.perf_counter()
             # its own session: a Ctrl-C in the terminal reaches the owner only, which stops it after draining
@@ -158,6 +167,20 @@ class NatsServer:
             raise
         self._write_owner()
         return self
+
+    def _main_config(self) -> Path:
+        """A configuration file naming the server and including `config_file` (which `rubick auth` rewrites
+        before asking the server to reload)."""
+        main = Path(self.data_dir) / "nats.conf"
+        included = os.path.relpath(Path(self.config_file).resolve(), Path(self.data_dir).resolve())
+        main.write_text(f"server_name: {SERVER_NAME}\ninclude {json.dumps(included)}\n")
+        return main
+
+    def reload(self) -> None:
+        """Make the running server read its configuration file again (new identities, new permissions)."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise NatsServerError("nats-server not running")
+        self.proc.send_signal(signal.SIGHUP)
 
     def wait_ready(self, timeout: float = 10.0) -> "NatsServer":
         """Until the spawned server accepts connections; an error (and the server stopped) otherwise."""

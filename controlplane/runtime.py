@@ -26,7 +26,8 @@ from pathlib import Path
 
 from . import metrics
 from .admission import AdmissionCore
-from .bus.nats import JetStreamBus
+from .auth import AuthStore, Credentials, Identity, ServerTls, find_credentials
+from .bus.nats import JetStreamBus, redact_url
 from .models import builtin_model_types
 from .natsserver import NatsServer, last_port
 from .recorder.service import Recorder, RecorderConfig, stream_token
@@ -66,6 +67,17 @@ class UpConfig:
     """Simulated seconds between a running simulated job's `metrics.iteration` samples."""
     settle_timeout_s: float = 30.0
     """On stop of a simulated cluster: how long the cores may take to answer what is stored."""
+    insecure: bool = False
+    """Embedded server without authentication (secure by default: nkeys per component, docs/security.md)."""
+    creds: Path | None = None
+    """Against an external NATS (`nats_url`): the bootstrap identity's nkey seed file."""
+    tls_cert: Path | None = None
+    """Embedded server: its TLS certificate (with `tls_key`); every connection then uses TLS."""
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    """CA that signed the server's certificate (what clients verify it with)."""
+    tls_verify_clients: bool = False
+    """Embedded server with TLS: clients must present a certificate signed by `tls_ca` (mutual TLS)."""
 
     @property
     def event_log(self) -> Path:
@@ -120,23 +132,33 @@ class ControlPlane:
     started_at: float = 0.0
     """Wall-clock time of start-up (the origin of a replay's what-if of a run with real agents)."""
     _run_file: bool = False
+    auth: AuthStore | None = None
+    """The credentials folder of the embedded server (None: insecure, or an external NATS)."""
+    credentials: Credentials | None = None
+    """What the control plane itself connects with (the bootstrap identity)."""
 
     async def start(self) -> "ControlPlane":
         t0 = time.perf_counter()
         self.started_at = time.time()
         cfg = self.config
         Path(cfg.data_dir).mkdir(parents=True, exist_ok=True)
+        credentials = Credentials(cfg.creds, cfg.tls_ca)
         if cfg.nats_url:
             self.nats_url = cfg.nats_url
+            credentials = find_credentials(Identity("admin"), creds=cfg.creds, tls_ca=cfg.tls_ca)
         else:
             self.server = embedded_server(cfg)
+            self.server.config_file = self._server_config()
+            if self.auth is not None:
+                credentials = Credentials(self.auth.seed_file(Identity("admin")), cfg.tls_ca)
             self.server.spawn()  # on this thread, which lives as long as the process: the server dies with it
             await asyncio.to_thread(self.server.wait_ready)
             for pid in self.server.stopped_orphans:
                 log.warning("stopped nats-server pid %d left running on %s by a control plane that died",
                             pid, self.server.store)
             self.nats_url = self.server.url
-        self.bus = await JetStreamBus.connect(self.nats_url, name="rubick-up")
+        self.credentials = credentials
+        self.bus = await JetStreamBus.connect(self.nats_url, name="rubick-up", credentials=credentials)
         if cfg.metrics_port is not None and cfg.metrics_port >= 0:
             try:
                 port = metrics.serve(cfg.metrics_port)
@@ -144,6 +166,9 @@ class ControlPlane:
                 port = metrics.serve(0)
             self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         self.stream = stream = stream_token(await self.bus.stream_created())
+        from .lease import ensure_lease_bucket
+
+        await ensure_lease_bucket(self.bus.js)  # the bootstrap's part: replicas of `rubick service` use it
         if cfg.sim_cluster:
             await self._check_fresh()
             from agents.sim_shell import SimClock
@@ -258,9 +283,46 @@ class ControlPlane:
                 raise TimeoutError("control plane services not ready in time")
             await asyncio.sleep(0.005)
 
+    def credentials_for(self, identity: Identity) -> Credentials | None:
+        """What `identity` connects to this control plane with (None: the server asks for nothing)."""
+        if self.auth is None:
+            return self.credentials if self.config.nats_url else Credentials(tls_ca=self.config.tls_ca)
+        from .auth.admin import provision
+        provision(self.auth, [identity], {"server_pid": self.server.proc.pid if self.server and self.server.proc else None})
+        return Credentials(self.auth.seed_file(identity), self.config.tls_ca)
+
+    def _server_config(self) -> Path | None:
+        """The embedded server's configuration: nkey users of every identity (created at first start, in
+        `<data-dir>/auth`) and TLS; None when insecure without TLS."""
+        cfg = self.config
+        tls = None
+        if cfg.tls_cert or cfg.tls_key:
+            if not (cfg.tls_cert and cfg.tls_key):
+                raise ValueError("TLS needs both a certificate and its key")
+            for f in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca):
+                if f is not None and not Path(f).is_file():
+                    raise FileNotFoundError(f"TLS file {f} does not exist")
+            tls = ServerTls(Path(cfg.tls_cert).resolve(), Path(cfg.tls_key).resolve(),
+                            Path(cfg.tls_ca).resolve() if cfg.tls_ca and cfg.tls_verify_clients else None)
+        store = AuthStore(Path(cfg.data_dir) / "auth")
+        if cfg.insecure:
+            if tls is None:
+                return None
+            store = AuthStore(Path(cfg.data_dir) / "auth-insecure")
+            store.folder.mkdir(parents=True, exist_ok=True)
+            return store.write_server_config(tls, users=False)
+        self.auth = store
+        created = store.init()
+        if created:
+            log.info("created credentials in %s for %s", store.folder, ", ".join(i.name for i in created))
+        return store.write_server_config(tls)
+
     def _write_endpoints(self) -> None:
         doc = {"nats_url": self.nats_url, "metrics_url": self.metrics_url, "event_log": str(self.config.event_log),
-               "embedded_server": self.server is not None, "pid": os.getpid()}
+               "embedded_server": self.server is not None, "pid": os.getpid(),
+               "server_pid": self.server.proc.pid if self.server is not None and self.server.proc else None,
+               "auth_dir": str(self.auth.folder.resolve()) if self.auth is not None else None,
+               "tls_ca": str(Path(self.config.tls_ca).resolve()) if self.config.tls_ca else None}
         (Path(self.config.data_dir) / ENDPOINTS).write_text(json.dumps(doc, indent=2) + "\n")
 
     @property
@@ -270,7 +332,10 @@ class ControlPlane:
 
     def summary(self) -> str:
         where = "embedded nats-server" if self.server else "external NATS"
-        text = (f"rubick control plane ready in {self.ready_s * 1000:.0f} ms | NATS {self.nats_url} ({where}, "
+        if self.server is not None:
+            where += ", nkey auth" if self.auth is not None else ", NO AUTHENTICATION (--insecure)"
+            where += ", TLS" if self.config.tls_cert else ""
+        text = (f"rubick control plane ready in {self.ready_s * 1000:.0f} ms | NATS {redact_url(self.nats_url)} ({where}, "
                 f"JetStream stream RUBICK) | event log {self.config.event_log} | metrics {self.metrics_url or 'off'}")
         if self.config.sim_cluster:
             text += (f" | simulated cluster {self.config.sim_cluster} at {self.config.sim_speed:g}x "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import uuid
 from urllib.parse import urlparse
 from typing import AsyncIterator, Sequence
@@ -19,6 +20,8 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
+from ..auth.credentials import Credentials
+from ..auth.store import AuthError
 from ..events.catalog import STREAM_NAME, STREAM_SUBJECTS
 from .base import Bus, Consumer, Delivery, PubAck
 
@@ -43,6 +46,13 @@ def _delivery(msg) -> Delivery:
                     deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None), consumer_seq)
 
 
+def _differs(have: api.StreamConfig, want: api.StreamConfig) -> bool:
+    """Whether the stream's configuration lacks what this deployment wants (only then is it changed)."""
+    return (sorted(have.subjects or []) != sorted(want.subjects or []) or have.storage != want.storage
+            or have.duplicate_window != want.duplicate_window or have.num_replicas != want.num_replicas
+            or have.retention != want.retention or have.discard != want.discard)
+
+
 async def _reachable(url: str, timeout: float) -> None:
     """Fail fast when no server of `url` accepts a connection (reconnects later retry for ever)."""
     errors = []
@@ -58,25 +68,89 @@ async def _reachable(url: str, timeout: float) -> None:
     raise ConnectionError("no NATS server reachable (" + "; ".join(errors) + ")")
 
 
+def _refused(exc: Exception) -> bool:
+    """Whether a connection error means the server will never take this client as it is (wrong or missing
+    credentials, a certificate that does not verify, TLS wanted on one side only)."""
+    text = str(exc).lower()
+    return (isinstance(exc, (nats.errors.AuthorizationError, ssl.SSLError, ssl.CertificateError))
+            or any(w in text for w in ("authorization", "authentication", "tls", "ssl", "certificate",
+                                       "secure connection", "nkey")))
+
+
+def _refusal_text(url: str, exc: Exception, credentials: Credentials | None) -> str:
+    used = credentials.describe() if credentials is not None else "no credentials"
+    text = f"NATS at {redact_url(url)} refused the connection ({used}): {exc or type(exc).__name__}"
+    if (credentials is None or credentials.seed_file is None) and "authoriz" in str(exc).lower():
+        text += (". The server requires credentials: pass --creds FILE (an nkey seed), set RUBICK_NATS_CREDS, "
+                 "or run where `rubick up` keeps them (<data-dir>/auth); see docs/security.md")
+    return text
+
+
+def redact_url(url: str) -> str:
+    """A server URL fit to print: any user, password or token in it replaced by `***`."""
+    out = []
+    for server in url.split(","):
+        scheme, sep, rest = server.partition("://")
+        if sep and "@" in rest:
+            rest = "***@" + rest.rsplit("@", 1)[1]
+        out.append(scheme + sep + rest)
+    return ",".join(out)
+
+
 class JetStreamBus(Bus):
     def __init__(self, nc, js, stream: str) -> None:
         self.nc = nc
         self.js = js
         self.stream = stream
+        self.violations: list[str] = []
+        """Permission violations the server reported on this connection (newest last)."""
+        self._violation_waiters: set[asyncio.Future] | None = None
+        """Publishes waiting to hear of a violation (None: an unrestricted identity, nothing to watch)."""
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "rubick", stream: str = STREAM_NAME,
                       subjects: Sequence[str] = STREAM_SUBJECTS, create_stream: bool = True,
                       dedupe_window: float = 120.0, storage: str = "file", replicas: int = 1,
-                      connect_timeout: float = 5.0) -> "JetStreamBus":
+                      connect_timeout: float = 5.0, credentials: Credentials | None = None) -> "JetStreamBus":
+        """Connect (with `credentials`: an nkey seed and/or TLS) and, with `create_stream`, make sure the
+        stream exists with this configuration (creating or changing it needs the bootstrap identity).
+
+        Credentials the server refuses, a certificate that does not verify, or a server that wants
+        credentials none were given for fail here with `AuthError` saying so, instead of a silent
+        retry loop; an unreachable server fails with ConnectionError."""
+        options = credentials.nats_options() if credentials is not None else {}
+        loop = asyncio.get_running_loop()
+        fatal: asyncio.Future = loop.create_future()
+        bus: JetStreamBus | None = None
+
         async def on_error(exc: Exception) -> None:
+            if bus is None and _refused(exc):
+                if not fatal.done():
+                    fatal.set_result(exc)
+                return
+            if bus is not None and "permissions violation" in str(exc).lower():
+                bus._violated(str(exc))
+                log.error("nats: %s (this identity may not do that; see docs/security.md)", exc)
+                return
             log.warning("nats: %s", exc)
 
         await _reachable(url, connect_timeout)
-        nc = await nats.connect(url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.25, allow_reconnect=True, error_cb=on_error)
+        connecting = asyncio.ensure_future(nats.connect(
+            url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+            allow_reconnect=True, error_cb=on_error, **options))
+        await asyncio.wait([connecting, fatal], timeout=max(30.0, 3 * connect_timeout),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+            exc = fatal.result() if fatal.done() else None
+            raise AuthError(_refusal_text(url, exc, credentials)) if exc is not None else \
+                ConnectionError(f"no connection to {redact_url(url)} in time")
+        nc = connecting.result()
         js = nc.jetstream(timeout=5.0)
         bus = cls(nc, js, stream)
+        if credentials is not None and credentials.seed_file is not None:
+            bus._violation_waiters = set()  # a restricted identity may be refused a publish: watch for it
         if create_stream:
             await bus.ensure_stream(subjects, dedupe_window, storage, replicas)
         return bus
@@ -89,10 +163,61 @@ class JetStreamBus(Bus):
             duplicate_window=dedupe_window, num_replicas=replicas, discard=api.DiscardPolicy.OLD,
         )
         try:
-            await self.js.stream_info(self.stream)
-            await self.js.update_stream(config)
+            info = await self.js.stream_info(self.stream)
         except nats.js.errors.NotFoundError:
-            await self.js.add_stream(config)
+            info = None
+        try:
+            if info is None:
+                await self.js.add_stream(config)
+            elif _differs(info.config, config):
+                await self.js.update_stream(config)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.APIError) as exc:
+            denied = [v for v in self.violations if "$JS.API.STREAM" in v]
+            if info is None or denied:
+                raise PermissionError(
+                    f"stream {self.stream} {'does not exist' if info is None else 'has an older configuration'} "
+                    f"and this identity may not {'create' if info is None else 'change'} it "
+                    f"({denied[-1] if denied else type(exc).__name__}): start `rubick up` or run "
+                    "`rubick auth bootstrap` with the bootstrap identity first") from None
+            raise
+
+    async def _publish_watched(self, subject: str, data: bytes, msg_id: str, timeout: float):
+        """A publish that fails at once when the server reports it may not be made, instead of after
+        `timeout` (the server drops a forbidden publish and says so only asynchronously)."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(self.js.publish(subject, data, timeout=timeout, headers={MSG_ID: msg_id}))
+        deadline = loop.time() + timeout + 0.5
+        try:
+            while True:
+                waiter = loop.create_future()
+                self._violation_waiters.add(waiter)
+                try:
+                    await asyncio.wait([task, waiter], timeout=max(0.0, deadline - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    self._violation_waiters.discard(waiter)
+                if task.done():
+                    return task.result()
+                denied = self.denied(subject)
+                if denied:
+                    raise PermissionError(f"not allowed to publish {subject}: {denied}")
+                if loop.time() >= deadline:
+                    raise nats.errors.TimeoutError
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _violated(self, text: str) -> None:
+        self.violations.append(text)
+        del self.violations[:-100]
+        for waiter in list(self._violation_waiters or ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def denied(self, subject: str) -> str | None:
+        """The server's permission violation for publishing `subject` on this connection, if it reported one."""
+        needle = f'publish to "{subject}"'.lower()
+        return next((v for v in reversed(self.violations) if needle in v.lower()), None)
 
     async def stream_created(self) -> str:
         """Creation time of the stream: tells one stream's sequence numbers from another's."""
@@ -105,11 +230,17 @@ class JetStreamBus(Bus):
         delay = 0.05
         for attempt in range(retries + 1):
             try:
-                ack = await self.js.publish(subject, data, timeout=timeout, headers={MSG_ID: msg_id})
+                if self._violation_waiters is None:
+                    ack = await self.js.publish(subject, data, timeout=timeout, headers={MSG_ID: msg_id})
+                else:
+                    ack = await self._publish_watched(subject, data, msg_id, timeout)
                 return PubAck(seq=ack.seq, duplicate=bool(ack.duplicate))
             except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError,
                     nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError,
                     nats.js.errors.ServiceUnavailableError) as exc:
+                denied = self.denied(subject)
+                if denied:
+                    raise PermissionError(f"not allowed to publish {subject}: {denied}") from None
                 if attempt == retries:
                     raise
                 log.info("publish %s retry %d after %s", subject, attempt + 1, type(exc).__name__)

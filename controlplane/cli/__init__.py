@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "controlplane.cli.status",
     "controlplane.cli.demo",
     "controlplane.cli.service",
+    "controlplane.cli.auth",
     "modeler.cli",
     "policy.cli",
     "replay.cli",

@@ -8,7 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from ..runtime import DEFAULT_DATA_DIR, resolve_nats_url
+from ..auth import AuthError, Credentials, Identity, find_credentials
+from ..bus.nats import redact_url
+from ..runtime import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
 
 
 def add_nats_args(parser: argparse.ArgumentParser) -> None:
@@ -16,6 +18,19 @@ def add_nats_args(parser: argparse.ArgumentParser) -> None:
                                            "`rubick up` of --data-dir, else nats://127.0.0.1:4222)")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="folder of the local control plane (default: .rubick)")
+    parser.add_argument("--creds", type=Path, help="nkey seed file of this component's identity (default: "
+                                                   "$RUBICK_NATS_CREDS, else DATA_DIR/auth/<identity>.nk)")
+    parser.add_argument("--tls-ca", type=Path, help="CA that signed the server's certificate "
+                                                    "(default: $RUBICK_NATS_TLS_CA)")
+    parser.add_argument("--tls-cert", type=Path, help="client certificate, for a server that verifies clients")
+    parser.add_argument("--tls-key", type=Path, help="the client certificate's key")
+
+
+def credentials_for(args: argparse.Namespace, identity: Identity) -> Credentials:
+    """The credentials `identity` connects with, from the command's flags, the environment or the data
+    folder of a `rubick up` on this machine."""
+    return find_credentials(identity, creds=args.creds, data_dir=args.data_dir, tls_ca=args.tls_ca,
+                            tls_cert=args.tls_cert, tls_key=args.tls_key, endpoints=read_endpoints(args.data_dir))
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -30,5 +45,9 @@ def run_against_nats(args: argparse.Namespace, main) -> int:
     url = resolve_nats_url(args.nats_url, args.data_dir)
     try:
         return asyncio.run(main(args, url))
+    except AuthError as exc:
+        return fail(str(exc), 1)
+    except PermissionError as exc:
+        return fail(str(exc), 1)
     except (ConnectionError, OSError) as exc:
-        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+        return fail(f"cannot reach NATS at {redact_url(url)}: {exc}", 1)

@@ -8,12 +8,14 @@ the log to check that every decision is reproduced byte for byte.
 
 from __future__ import annotations
 
+
 import argparse
 import asyncio
 import shutil
 import tempfile
 from pathlib import Path
 
+from ..auth import Identity
 from ..client import Client, load_job
 from ..eventlog import events as log_events
 from ..eventlog import scan
@@ -55,7 +57,8 @@ async def _demo(data_dir: Path, jobs_dir: Path) -> int:
             await asyncio.wait_for(plane.models_ready.wait(), 60)
         except asyncio.TimeoutError:
             print("modeler and policy not ready after 60 s; going on without them")
-        async with await Client.connect(plane.nats_url) as client:
+        # the demo's simulated nodes register with the bootstrap identity (real agents have their own)
+        async with await Client.connect(plane.nats_url, credentials=plane.credentials_for(Identity("admin"))) as client:
             for i in range(2):
                 node = NodeRegistered(node=f"node-{i}", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
                                       gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0)

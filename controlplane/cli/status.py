@@ -13,7 +13,8 @@ from ..events import Invalid, decode
 from ..models import builtin_model_types
 from ..runtime import resolve_nats_url
 from ..state import ClusterState, fold
-from .common import add_nats_args, fail
+from ..auth import AuthError, Identity
+from .common import add_nats_args, credentials_for, fail
 
 
 def register(sub) -> None:
@@ -23,8 +24,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-async def live_state(url: str) -> ClusterState:
-    bus = await JetStreamBus.connect(url, name="rubick-status", create_stream=False)
+async def live_state(url: str, credentials=None) -> ClusterState:
+    bus = await JetStreamBus.connect(url, name="rubick-status", create_stream=False, credentials=credentials)
     try:
         state = ClusterState(known_models=set(builtin_model_types()))
         async for d in bus.read((">",)):
@@ -75,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         url = resolve_nats_url(args.nats_url, args.data_dir)
         try:
-            state = asyncio.run(asyncio.wait_for(live_state(url), 60))
+            state = asyncio.run(asyncio.wait_for(live_state(url, credentials_for(args, Identity("submitter"))), 60))
+        except AuthError as exc:
+            return fail(str(exc), 1)
         except Exception as exc:
             return fail(f"cannot read the live stream at {url}: {exc}; use --log DIR for a recorded run", 1)
     print(render(state))

@@ -9,7 +9,8 @@ import json
 from ..client import Client, load_job
 from ..events import Invalid
 from ..runtime import resolve_nats_url
-from .common import add_nats_args, fail
+from ..auth import AuthError, Identity
+from .common import add_nats_args, credentials_for, fail
 
 
 def register(sub) -> None:
@@ -32,14 +33,14 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"{path}: invalid job: {exc}")
     url = resolve_nats_url(args.nats_url, args.data_dir)
     try:
-        return asyncio.run(_submit(url, jobs, args.wait, args.json))
-    except ConnectionError as exc:
+        return asyncio.run(_submit(url, jobs, args.wait, args.json, credentials_for(args, Identity("submitter"))))
+    except (ConnectionError, AuthError) as exc:
         return fail(str(exc), 1)
 
 
-async def _submit(url: str, jobs, wait: float, as_json: bool) -> int:
+async def _submit(url: str, jobs, wait: float, as_json: bool, credentials=None) -> int:
     code = 0
-    async with await Client.connect(url) as client:
+    async with await Client.connect(url, credentials=credentials) as client:
         for path, job in jobs:
             result = await client.submit(job, wait_s=wait, source="rubick-submit")
             rej = result.rejected

@@ -35,6 +35,16 @@ def register(sub) -> None:
                    help="simulated seconds per wall second of the simulated cluster (default 1)")
     p.add_argument("--sim-sample-every", type=float, default=600.0,
                    help="simulated seconds between a simulated job's metrics.iteration samples (default 600)")
+    p.add_argument("--insecure", action="store_true",
+                   help="embedded server without authentication (default: nkey credentials per component, "
+                        "created in DATA_DIR/auth; docs/security.md)")
+    p.add_argument("--creds", type=Path, help="with --nats-url: the bootstrap identity's nkey seed file "
+                                              "(default $RUBICK_NATS_CREDS)")
+    p.add_argument("--tls-cert", type=Path, help="embedded server: TLS certificate (with --tls-key)")
+    p.add_argument("--tls-key", type=Path, help="embedded server: TLS private key")
+    p.add_argument("--tls-ca", type=Path, help="CA that signed the server certificate (clients verify with it)")
+    p.add_argument("--tls-verify-clients", action="store_true",
+                   help="embedded server with TLS: clients must present a certificate signed by --tls-ca")
     p.add_argument("--log-level", default="warning", help="python logging level")
     p.set_defaults(func=run)
 
@@ -66,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port, policy=args.policy,
                    restart_cost_s=args.restart_cost, quotas=quotas,
                    metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds,
-                   sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every)
+                   sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every,
+                   insecure=args.insecure, creds=args.creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                   tls_ca=args.tls_ca, tls_verify_clients=args.tls_verify_clients)
+    if args.nats_url and (args.insecure or args.tls_cert or args.tls_key):
+        return fail("--insecure, --tls-cert and --tls-key configure the embedded server: not with --nats-url")
+    if args.tls_verify_clients and not (args.tls_cert and args.tls_ca):
+        return fail("--tls-verify-clients needs --tls-cert, --tls-key and --tls-ca")
     try:
         return asyncio.run(_serve(cfg))
     except KeyboardInterrupt:

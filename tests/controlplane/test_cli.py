@@ -48,28 +48,33 @@ def test_up_submit_and_clean_shutdown(up, tmp_path):
     proc, endpoints, line = up
     url = endpoints["nats_url"]
     assert url in line and endpoints["event_log"] in line and "metrics http://" in line
-    ok = rubick("submit", str(JOBS / "gpt2-guaranteed.yaml"), str(JOBS / "roberta-small.yaml"), "--nats-url", url)
+    rk = str(tmp_path / "rk")  # where `rubick up` keeps the credentials its commands find
+    assert "nkey auth" in line
+    bare = rubick("submit", str(JOBS / "gpt2-guaranteed.yaml"), "--nats-url", url, "--data-dir", str(tmp_path / "none"))
+    assert bare.returncode == 1 and "requires credentials" in bare.stderr and "Traceback" not in bare.stderr
+    ok = rubick("submit", str(JOBS / "gpt2-guaranteed.yaml"), str(JOBS / "roberta-small.yaml"), "--nats-url", url,
+                "--data-dir", rk)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("submitted as event") == 2
-    reused = rubick("submit", str(JOBS / "gpt2-guaranteed.yaml"), "--nats-url", url)
+    reused = rubick("submit", str(JOBS / "gpt2-guaranteed.yaml"), "--nats-url", url, "--data-dir", rk)
     assert reused.returncode == 1 and "REJECTED: job id reused" in reused.stdout
     unknown = rubick("submit", str(JOBS / "bad" / "unknown-model.yaml"), "--data-dir", str(tmp_path / "rk"))
     assert unknown.returncode == 1 and "unknown model type" in unknown.stdout and "model.type" in unknown.stdout
     for said in (reused.stdout, unknown.stdout):  # a rejection names its field, and no empty "expected , got"
         assert "expected ," not in said and not said.rstrip().endswith("got )"), said
-    absurd = rubick("submit", str(JOBS / "bad" / "million-gpus.yaml"), "--nats-url", url)
+    absurd = rubick("submit", str(JOBS / "bad" / "million-gpus.yaml"), "--nats-url", url, "--data-dir", rk)
     assert absurd.returncode == 2 and "out of range" in absurd.stderr and "1000000" in absurd.stderr
     metrics = urllib.request.urlopen(endpoints["metrics_url"], timeout=5).read().decode()
     assert 'rubick_messages_in_total{service="admission",subject="job.submitted"}' in metrics
     assert "rubick_handler_seconds" in metrics and "rubick_consumer_lag" in metrics
-    status = rubick("status", "--nats-url", url)
+    status = rubick("status", "--nats-url", url, "--data-dir", rk)
     assert status.returncode == 0 and "gpt2-demo-1" in status.stdout and "bad-unknown-model" in status.stdout
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped:" in out
     frame = scan(endpoints["event_log"]).frame
     subjects = frame["subject"].to_list()
-    assert subjects.count("job.submitted") == 4 and subjects.count("job.rejected") == 2
+    assert subjects.count("job.submitted") == 4 and subjects.count("job.rejected") == 2  # the bare one never got in
     assert "clock.tick" in subjects
     assert frame["seq"].to_list() == list(range(1, frame.height + 1))  # everything stored is in the log
     assert not (tmp_path / "rk" / "endpoints.json").exists()

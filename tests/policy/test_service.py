@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+
 import asyncio
 
+from controlplane.auth import Identity
 from controlplane.cli import main
 from controlplane.client import Client
 from controlplane.eventlog import events as log_events
@@ -23,7 +25,7 @@ async def start(tmp_path) -> ControlPlane:
 async def test_live_policy_decides_restarts_from_the_stream_and_explains(tmp_path, capsys):
     plane = await start(tmp_path)
     try:
-        async with await Client.connect(plane.nats_url) as client:
+        async with await Client.connect(plane.nats_url, credentials=plane.credentials_for(Identity("admin"))) as client:
             for i in range(2):
                 await client.publish(make("node.registered", node(f"n{i}"), time=float(i), id=f"node-{i}",
                                           source="test"))
@@ -36,7 +38,7 @@ async def test_live_policy_decides_restarts_from_the_stream_and_explains(tmp_pat
 
     plane = await start(tmp_path)  # the policy's state comes back from the stream
     try:
-        async with await Client.connect(plane.nats_url) as client:
+        async with await Client.connect(plane.nats_url, credentials=plane.credentials_for(Identity("admin"))) as client:
             await client.submit(job("vit", "vit", 64, Plan(dp=2), 2, 16), wait_s=0.5)
         rounds = await decided(plane, 2)
         assert len(rounds) >= 2

@@ -9,11 +9,13 @@ and here only what reaches the cores matters."""
 
 from __future__ import annotations
 
+
 import asyncio
 import json
 import time
 from pathlib import Path
 
+from controlplane.auth import Identity
 from controlplane.cli import main
 from controlplane.client import Client
 from controlplane.events import MetricsIteration, Plan, decode, make
@@ -29,7 +31,7 @@ async def run_once(data_dir: Path, policy: str, step, *, nodes: bool) -> dict:
     await plane.start()
     try:
         await asyncio.wait_for(plane.models_ready.wait(), 60)
-        async with await Client.connect(plane.nats_url) as client:
+        async with await Client.connect(plane.nats_url, credentials=plane.credentials_for(Identity("admin"))) as client:
             if nodes:
                 for i in range(2):
                     await client.publish(make("node.registered", node(f"n{i}"), time=time.time(), id=f"node-{i}",

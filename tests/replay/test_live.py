@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+
 import asyncio
 import hashlib
 import json
@@ -16,6 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from controlplane.auth import Identity
 from controlplane.cli import main
 from controlplane.client import Client
 from controlplane.events import decode, encode
@@ -49,7 +51,7 @@ async def drive(url: str, data_dir: Path, files: list[Path], env: dict) -> dict[
     expected = {*JOBS, "bad-unknown-model", None}  # None: the answer to the bad bytes
     all_ended = asyncio.Event()
 
-    async with await Client.connect(url) as client:
+    async with await Client.connect(url, data_dir=data_dir, identity=Identity("admin")) as client:
         async def on_end(msg) -> None:
             event = decode(msg.data, msg.subject)
             ended.setdefault(event.payload.job_id, event.base)
