@@ -44,7 +44,7 @@ Each message is one [msgpack](https://msgpack.org) map, the *envelope*, with exa
 | `v` | integer | schema version of the payload (see versioning) |
 | `id` | string, 1-128 chars | event id, unique; also the `Nats-Msg-Id` header |
 | `subject` | string | the subject the message is published on |
-| `time` | number (float64) | event time, seconds since the Unix epoch (virtual time in simulation) |
+| `time` | number (float64) | event time, seconds since the Unix epoch (virtual time in simulation); 0 <= time < 253402300800 (before the year 10000) |
 | `source` | string, <= 128 chars | who published it (`rubick-submit`, `agent-node-3`, `policy`, ...) |
 | `data` | map | the payload, as documented per subject below |
 
@@ -73,7 +73,9 @@ answered. Reasons given:
 
 - `malformed msgpack`, `wrong type` (not a map), `message too large` (over 1 MiB)
 - `unknown envelope field`, `missing envelope field`, `unknown subject`, `unknown schema version`,
-  `envelope subject differs from the subject it was published on`
+  `envelope subject differs from the subject it was published on`,
+  `event time must be seconds since the epoch, before the year 10000` (a fixed bound, so a replay
+  refuses exactly what the run refused; clocks of simulated runs start near 0 and are inside it)
 - `unknown field`, `missing required field`, `wrong type`, `out of range`, `value not allowed`,
   `number must be finite`, `string does not match the pattern`, `string too long`
 - cross-field rules, e.g. `plan dp*tp*pp must equal the requested GPUs`,
@@ -81,6 +83,9 @@ answered. Reasons given:
 - on the merits (`job.submitted` only): `job id reused`, `unknown model type (give its full spec to add
   a new type)`, `more GPUs than the cluster has` (likewise CPUs, host memory),
   `tensor parallelism must stay inside one node`
+- a service failing on a message it accepted: `the <service> service failed on it (<error>)`. The
+  service's shell answers it (id `fail-<service>-<seq>`, the event's time), acknowledges it and goes
+  on; the message is never handled again, and replay rebuilds the same answer
 
 ## Subjects
 """
