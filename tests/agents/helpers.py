@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,10 +23,20 @@ def start_agent(url: str, state_dir: Path, node: str = "n0", cpu_devices: int = 
     proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "agent", "--nats-url", url, "--node", node,
                              "--cpu-devices", str(cpu_devices), "--state-dir", str(state_dir), "--heartbeat", "0.5",
                              "--log-level", "warning", *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "RUBICK_AGENT_LEASE_S": "60"})  # trainers left behind end soon
     line = proc.stdout.readline()
     assert "ready" in line, line + (proc.stdout.read() if proc.poll() is not None else "")
     return proc
+
+
+def kill_jobs(state_dir: Path) -> None:
+    """SIGKILL the process group of every job an agent launched under `state_dir` (what a test leaves)."""
+    for record in sorted((Path(state_dir) / "jobs").glob("*/launch*.json")):
+        try:
+            os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
 
 
 def stop_agent(proc: subprocess.Popen) -> str:

@@ -12,7 +12,7 @@ from controlplane.eventlog import scan
 from controlplane.events import Plan
 from controlplane.recorder.service import Recorder, RecorderConfig, stream_token
 
-from .helpers import Watcher, decide, decision, job, publish, start_agent, stop_agent
+from .helpers import Watcher, decide, decision, job, kill_jobs, publish, start_agent, stop_agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -59,6 +59,7 @@ async def test_submit_decide_train_reconfigure_complete(js_bus, tmp_path):
         assert beat[-1].payload.jobs == ()
     finally:
         stop_agent(agent)
+        kill_jobs(tmp_path / "agent")  # nothing left running if the test failed half-way
         await asyncio.sleep(1.0)  # the recorder's last roll
         stop.set()
         await rec_task
