@@ -9,7 +9,9 @@ say which subjects it may publish and which it may subscribe to, in NATS's own t
   ...; the node id is the subject's last part) and a training process on the node (the reporter) only
   `metrics.iteration.<node>`;
 - only the policy publishes `plan.decided`, only the modeler `model.updated`, only the clock
-  `clock.tick`; admission answers bad messages on the `*.rejected` subjects;
+  `clock.tick`; admission answers bad messages on the `*.rejected` subjects (and so may the modeler's
+  and the policy's shells, for a message their core fails on); admission, the modeler and the policy
+  describe their cores on `run.described`;
 - the recorder reads everything and publishes nothing;
 - only the bootstrap identity (`admin`) creates or changes streams and key-value buckets.
 
@@ -31,13 +33,14 @@ NODE_ROLES = frozenset({"agent", "reporter"})
 LEASE_BUCKET = "rubick-leases"
 """The key-value bucket in which replicas of a service hold their lease (`controlplane.lease`)."""
 RUN_SUBJECTS = ("run.described",)
-"""Subjects of the run description (published by the modeler and the policy at start)."""
+"""Subjects of the run description (published by admission, the modeler and the policy when active)."""
 
 _DURABLE = {"recorder": "recorder", "admission": "svc-admission", "modeler": "svc-modeler",
             "policy": "svc-policy"}
 _SERVICE_LEASE = {"recorder", "admission", "clock", "modeler", "policy"}
 _REJECTIONS = ("job.rejected", "node.rejected", "metrics.rejected", "model.rejected", "plan.rejected",
-               "clock.rejected")
+               "clock.rejected", "run.rejected")
+"""A service's shell answers a message its core failed on with `<namespace>.rejected` (controlplane.service)."""
 _NODE_FACTS = ("job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",
                "node.registered", "node.heartbeat", "node.lost", "metrics.iteration", "plan.rejected")
 
@@ -92,13 +95,13 @@ def publish_subjects(identity: Identity) -> list[str]:
     if role == "reporter":
         return [f"metrics.iteration.{node}"]
     if role == "admission":
-        return list(_REJECTIONS)
+        return [*_REJECTIONS, *RUN_SUBJECTS]
     if role == "clock":
         return ["clock.tick"]
     if role == "modeler":
-        return ["model.updated", "metrics.rejected", *RUN_SUBJECTS]
+        return ["model.updated", *_REJECTIONS, *RUN_SUBJECTS]
     if role == "policy":
-        return ["plan.decided", "plan.decided.>", "job.rejected", "node.lost", *RUN_SUBJECTS]
+        return ["plan.decided", "plan.decided.>", "node.lost", *_REJECTIONS, *RUN_SUBJECTS]
     return []  # recorder
 
 

@@ -18,12 +18,14 @@ from typing import Any
 
 from ..bus.nats import JetStreamBus
 from ..events import encode
-from ..lease import DEFAULT_TTL_S, Lease, bucket_terms, ensure_lease_bucket, replica_id, run_replicated
+from ..lease import (DEFAULT_TTL_S, Lease, bucket_terms, ensure_lease_bucket, lease_bucket, replica_id,
+                     run_replicated)
 from ..recorder.service import RecorderConfig, stream_token
 from ..replicas import LeasedBus, LeasedRecorder, LeasedShell
 from ..ticker import run_ticker
 from .. import metrics
-from .common import add_nats_args, run_against_nats
+from ..auth import Identity
+from .common import add_nats_args, credentials_for, run_against_nats
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
 
@@ -43,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S,
                    help="seconds after which a standby replica takes over from a dead active one; used when this "
                         "service creates the lease bucket (an existing bucket keeps its own)")
+    p.add_argument("--bootstrap", action="store_true",
+                   help="create the stream and the lease bucket if missing (needs the bootstrap identity; the "
+                        "default without credentials)")
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=run)
 
@@ -64,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, url: str) -> int:
-    bus = await JetStreamBus.connect(url, name=f"rubick-{args.name}")
+    credentials = credentials_for(args, Identity(args.name))
+    # without credentials (an open NATS) a service makes sure the stream and the lease bucket exist; with its
+    # role's credentials it may only use them: the bootstrap identity creates them (`rubick auth bootstrap`)
+    bootstrap = args.bootstrap or credentials.seed_file is None
+    bus = await JetStreamBus.connect(url, name=f"rubick-{args.name}", credentials=credentials,
+                                     create_stream=bootstrap)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,7 +82,7 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     if args.metrics_port >= 0:
         metrics.serve(args.metrics_port)
     try:
-        kv = await ensure_lease_bucket(bus.js, args.lease_ttl)
+        kv = await (ensure_lease_bucket(bus.js, args.lease_ttl) if bootstrap else lease_bucket(bus.js))
         lease = Lease(kv, args.name, replica_id(), await bucket_terms(kv))
         term = _Term(args, url, bus)
         await term.prepare()
