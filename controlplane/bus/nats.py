@@ -27,6 +27,16 @@ from .base import Bus, Consumer, Delivery, PubAck
 
 log = logging.getLogger(__name__)
 
+
+class _QuietTlsClose(logging.Filter):
+    """asyncio warns on every close of a TLS connection that the server ends first; nothing is wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_QuietTlsClose())
+
 MSG_ID = "Nats-Msg-Id"
 
 
