@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..auth import AuthError, Credentials, Identity, find_credentials
 from ..bus.nats import redact_url
+from ..lease import LeaseBucketMissing
 from ..runtime import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
 
 
@@ -45,9 +46,7 @@ def run_against_nats(args: argparse.Namespace, main) -> int:
     url = resolve_nats_url(args.nats_url, args.data_dir)
     try:
         return asyncio.run(main(args, url))
-    except AuthError as exc:
-        return fail(str(exc), 1)
-    except PermissionError as exc:
+    except (AuthError, PermissionError, LeaseBucketMissing) as exc:
         return fail(str(exc), 1)
     except (ConnectionError, OSError) as exc:
         return fail(f"cannot reach NATS at {redact_url(url)}: {exc}", 1)
