@@ -21,6 +21,7 @@ from controlplane.auth import Identity
 from controlplane.cli import main
 from controlplane.client import Client
 from controlplane.events import decode, encode
+from controlplane.recorder import manifest as written
 from controlplane.runtime import ControlPlane, UpConfig
 
 JOBS = {  # job id: (model, global batch, GPUs, iterations, guaranteed)
@@ -171,6 +172,7 @@ def test_a_changed_decision_in_a_live_log_is_caught(live_run, tmp_path, capsys):
     data[idx] = encode(event)
     frame.with_columns(pl.Series("data", data, dtype=pl.Binary)).write_parquet(path)
     f["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # the manifest agrees: only replay can tell
+    f["bytes"] = path.stat().st_size
     (log / "run.json").write_text(json.dumps(run))
 
     assert main(["replay", str(log)]) == 1
@@ -199,7 +201,9 @@ def test_a_live_log_whose_run_did_not_stop_cleanly_still_replays_and_says_so(liv
     run["files"] = []  # what run.json holds until the control plane stops
     (log / "run.json").write_text(json.dumps(run))
     last = max(f.name for f in log.glob("*.parquet"))
-    (log / last).unlink()  # the log ends early, as after a crash
+    (log / last).unlink()  # the log ends early, as after a crash: the last file's write never completed,
+    [stream] = written.streams(log)  # and the recorder dropped its manifest line when it started again
+    written.write(log, stream, [e for e in written.read(log, stream).entries if e["name"] != last])
     code = main(["replay", str(log)])
     text = capsys.readouterr().out
     assert "note: run.json has no record of what each core had handled" in text

@@ -92,6 +92,7 @@ def test_a_difference_in_a_log_that_differs_from_its_manifest_is_not_blamed_on_t
 
     run = json.loads((d / "run.json").read_text())
     run["files"][0]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    run["files"][0]["bytes"] = path.stat().st_size
     (d / "run.json").write_text(json.dumps(run))
     assert main(["replay", str(d)]) == 1
     text = capsys.readouterr().out
