@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.cli.common import add_nats_args, fail, run_against_nats
+from controlplane.bus.nats import redact_url
 
 
 def register(sub: Any) -> None:
@@ -77,7 +78,7 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
         if task.done():
             task.result()
         print(f"agent {args.node} ready: {capacity.gpus} {'CPU device slots' if capacity.cpu_devices else 'GPUs'}, "
-              f"{capacity.cpus} CPUs, {capacity.mem_gb:g} GB | NATS {url} | state {state_dir}", flush=True)
+              f"{capacity.cpus} CPUs, {capacity.mem_gb:g} GB | NATS {redact_url(url)} | state {state_dir}", flush=True)
         await task
     finally:
         await bus.close()

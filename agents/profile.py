@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 from controlplane.cli.common import add_nats_args, fail
 from controlplane.events import Plan
 from controlplane.events.schema import to_plain
+from controlplane.bus.nats import redact_url
 
 MIN_CONFIGS, MIN_OFFLOAD = 7, 3
 CSV_COLUMNS = ("model", "plan_label", "dp", "tp", "pp", "zero_stage", "offload", "gc", "ga_steps", "gpus_per_node",
@@ -95,8 +97,18 @@ def run_profile(args: argparse.Namespace) -> int:
                     f"need {MIN_CONFIGS} ({MIN_OFFLOAD} offload): use a batch divisible by {2 * devices}")
     url = None
     if not args.no_publish:
+        from controlplane.auth import Identity
+        from controlplane.auth.credentials import ENV_CREDS, ENV_TLS_CA
+        from controlplane.cli.common import credentials_for
         from controlplane.runtime import resolve_nats_url
         url = resolve_nats_url(args.nats_url, args.data_dir)
+        # the measuring processes report as the operator who profiles: the bootstrap identity of a local
+        # `rubick up`, or the credentials given (docs/security.md)
+        credentials = credentials_for(args, Identity("admin"))
+        if credentials.seed_file is not None:
+            os.environ.setdefault(ENV_CREDS, str(Path(credentials.seed_file).resolve()))
+        if credentials.tls_ca is not None:
+            os.environ.setdefault(ENV_TLS_CA, str(Path(credentials.tls_ca).resolve()))
     out = args.out or Path(f"profile-{spec.name}.csv")
     out_spec = args.out_spec or Path(f"profile-{spec.name}.yaml")
     arch = {"hidden": spec.hidden_size, "layers": spec.num_layers, "heads": spec.num_heads, "seq_len": spec.seq_len,
@@ -121,7 +133,7 @@ def run_profile(args: argparse.Namespace) -> int:
         print(f"{plan.code():28s} {r['iter_time_s']:9.4f} {r['fwd_s']:9.4f} {r['bwd_s']:9.4f} {r['opt_s']:9.4f}")
     unsent = sum(int(r.get("unsent", 0)) for r in results.values())
     if url and unsent:
-        print(f"rubick profile: {unsent} measurements could not be published to {url} (is the control plane up?)",
+        print(f"rubick profile: {unsent} measurements could not be published to {redact_url(url)} (is the control plane up?)",
               file=sys.stderr)
     print(f"{len(plans)} configurations ({n_off} under ZeRO-Offload){' published to ' + url if url else ''}; "
           f"wrote {out} and {out_spec}")

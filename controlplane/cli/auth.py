@@ -22,6 +22,7 @@ from ..auth import AuthError, AuthStore, Identity, RoleError, permissions
 from ..auth.roles import ROLES
 from ..runtime import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
 from .common import fail
+from ..bus.nats import redact_url
 
 
 def register(sub) -> None:
@@ -159,7 +160,7 @@ def _bootstrap(args) -> int:
                 ensure_lease_bucket = None
             if ensure_lease_bucket is not None:
                 await ensure_lease_bucket(bus.js)
-            print(f"stream {bus.stream} ready on {url}", flush=True)
+            print(f"stream {bus.stream} ready on {redact_url(url)}", flush=True)
         finally:
             await bus.close()
         return 0
@@ -169,4 +170,4 @@ def _bootstrap(args) -> int:
     except (AuthError, PermissionError) as exc:
         return fail(str(exc), 1)
     except (ConnectionError, OSError) as exc:
-        return fail(f"cannot reach NATS at {url}: {exc}", 1)
+        return fail(f"cannot reach NATS at {redact_url(url)}: {exc}", 1)

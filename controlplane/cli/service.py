@@ -26,6 +26,7 @@ from ..ticker import run_ticker
 from .. import metrics
 from ..auth import Identity
 from .common import add_nats_args, credentials_for, run_against_nats
+from ..bus.nats import redact_url
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
 
@@ -88,7 +89,7 @@ async def _run(args: argparse.Namespace, url: str) -> int:
         await term.prepare()
 
         def standby() -> None:
-            print(f"{args.name} standby: {url}, another replica is active (lease TTL {lease.terms.ttl_s:g} s)",
+            print(f"{args.name} standby: {redact_url(url)}, another replica is active (lease TTL {lease.terms.ttl_s:g} s)",
                   flush=True)
 
         await run_replicated(lease, term, stop, on_standby=standby)
@@ -129,9 +130,9 @@ class _Term:
         if args.name == "recorder":
             cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
             recorder = LeasedRecorder(bus, cfg, stream_token(await self.bus.stream_created()), lease)
-            await self._until_ready(recorder.run(stop), recorder.ready, f"recorder ready: {url} -> {args.log_dir}")
+            await self._until_ready(recorder.run(stop), recorder.ready, f"recorder ready: {redact_url(url)} -> {args.log_dir}")
         elif args.name == "clock":
-            print(f"clock ready: {url}, a tick every {args.tick_period:g} s", flush=True)
+            print(f"clock ready: {redact_url(url)}, a tick every {args.tick_period:g} s", flush=True)
             await run_ticker(bus, args.tick_period, stop)
         else:
             await self.prepare()
@@ -141,7 +142,7 @@ class _Term:
             event = description_event(description, time.time())
             await bus.publish(event.subject, encode(event), event.id)
             shell = LeasedShell(core, bus, rejects=args.name == "admission", lease=lease)
-            await self._until_ready(shell.run(stop), shell.ready, f"{args.name} ready: {url}")
+            await self._until_ready(shell.run(stop), shell.ready, f"{args.name} ready: {redact_url(url)}")
 
     @staticmethod
     async def _until_ready(work, ready: asyncio.Event, line: str) -> None:

@@ -15,6 +15,7 @@ from ..runtime import resolve_nats_url
 from ..state import ClusterState, fold
 from ..auth import AuthError, Identity
 from .common import add_nats_args, credentials_for, fail
+from ..bus.nats import redact_url
 
 
 def register(sub) -> None:
@@ -80,6 +81,6 @@ def run(args: argparse.Namespace) -> int:
         except AuthError as exc:
             return fail(str(exc), 1)
         except Exception as exc:
-            return fail(f"cannot read the live stream at {url}: {exc}; use --log DIR for a recorded run", 1)
+            return fail(f"cannot read the live stream at {redact_url(url)}: {exc}; use --log DIR for a recorded run", 1)
     print(render(state))
     return 0

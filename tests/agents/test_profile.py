@@ -38,7 +38,7 @@ async def test_profile_publishes_and_the_modeler_fits_its_table(js_bus, nats_ser
     assert all(float(r["iter_time_s"]) > 0 and float(r["forward_ms"]) > 0 for r in rows)
 
     assert "could not be published" not in done.stderr
-    events = [decode(d.data, d.subject) async for d in js_bus.read(("metrics.iteration",))]
+    events = [decode(d.data, d.subject) async for d in js_bus.read(("metrics.iteration", "metrics.iteration.>"))]
     by_plan = {}
     for e in events:
         by_plan.setdefault(e.payload.plan.code(), []).append(e.payload)

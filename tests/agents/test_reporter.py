@@ -18,7 +18,7 @@ def make_reporter(url: str, **kw) -> Reporter:
 async def stored(url: str) -> list:
     bus = await JetStreamBus.connect(url)
     try:
-        return [decode(d.data, d.subject) async for d in bus.read(("metrics.iteration",))]
+        return [decode(d.data, d.subject) async for d in bus.read(("metrics.iteration", "metrics.iteration.>"))]
     finally:
         await bus.close()
 
