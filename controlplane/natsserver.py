@@ -121,6 +121,13 @@ class NatsServer:
     """Ask the kernel to stop the server when the thread that starts it dies (Linux; main thread only)."""
     config_file: Path | None = None
     """A nats-server configuration file (authorization and TLS blocks: `controlplane.auth.AuthStore`)."""
+    server_name: str = SERVER_NAME
+    """Unique within a cluster (JetStream clustering needs distinct names)."""
+    cluster_port: int = 0
+    """With a port: join a cluster, listening for routes on `host:cluster_port` (0: no cluster)."""
+    routes: tuple[str, ...] = ()
+    """Route URLs of the cluster's servers (`nats://127.0.0.1:PORT`; this server's own is ignored by it)."""
+    cluster_name: str = "rubick"
     proc: subprocess.Popen | None = field(default=None, repr=False)
     ready_s: float = 0.0
     stopped_orphans: list[int] = field(default_factory=list)
@@ -155,7 +162,12 @@ class NatsServer:
             if self.config_file is not None:  # the name goes in the file too: a reload must find it unchanged
                 args += ["-c", str(self._main_config())]
             else:
-                args += ["--server_name", SERVER_NAME]
+                args += ["--server_name", self.server_name]
+            if self.cluster_port:
+                args += ["--cluster_name", self.cluster_name, "--cluster",
+                         f"nats://{self.host}:{self.cluster_port}"]
+                if self.routes:
+                    args += ["--routes", ",".join(self.routes)]
             self._log_offset = log_file.stat().st_size if log_file.exists() else 0
             self._t0 = time.perf_counter()
             # its own session: a Ctrl-C in the terminal reaches the owner only, which stops it after draining
@@ -173,7 +185,7 @@ class NatsServer:
         before asking the server to reload)."""
         main = Path(self.data_dir) / "nats.conf"
         included = os.path.relpath(Path(self.config_file).resolve(), Path(self.data_dir).resolve())
-        main.write_text(f"server_name: {SERVER_NAME}\ninclude {json.dumps(included)}\n")
+        main.write_text(f"server_name: {self.server_name}\ninclude {json.dumps(included)}\n")
         return main
 
     def reload(self) -> None:
