@@ -57,9 +57,10 @@ def _delivery(msg) -> Delivery:
 
 
 def _differs(have: api.StreamConfig, want: api.StreamConfig) -> bool:
-    """Whether the stream's configuration lacks what this deployment wants (only then is it changed)."""
+    """Whether the stream's configuration lacks what this deployment wants (only then is it changed). More
+    replicas than wanted is not a lack: a service connecting with the default never takes copies away."""
     return (sorted(have.subjects or []) != sorted(want.subjects or []) or have.storage != want.storage
-            or have.duplicate_window != want.duplicate_window or have.num_replicas != want.num_replicas
+            or have.duplicate_window != want.duplicate_window or (have.num_replicas or 1) < want.num_replicas
             or have.retention != want.retention or have.discard != want.discard)
 
 
@@ -145,8 +146,9 @@ class JetStreamBus(Bus):
             log.warning("nats: %s", exc)
 
         await _reachable(url, connect_timeout)
+        servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster's servers, comma-separated
         connecting = asyncio.ensure_future(nats.connect(
-            url, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+            servers, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
             allow_reconnect=True, error_cb=on_error, **options))
         await asyncio.wait([connecting, fatal], timeout=max(30.0, 3 * connect_timeout),
                            return_when=asyncio.FIRST_COMPLETED)
@@ -180,6 +182,7 @@ class JetStreamBus(Bus):
             if info is None:
                 await self.js.add_stream(config)
             elif _differs(info.config, config):
+                config.num_replicas = max(replicas, info.config.num_replicas or 1)
                 await self.js.update_stream(config)
         except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.js.errors.APIError) as exc:
             denied = [v for v in self.violations if "$JS.API.STREAM" in v]
