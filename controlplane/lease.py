@@ -225,6 +225,11 @@ async def run_replicated(lease: Lease, term: Term, stop: asyncio.Event,
             await term(term_stop, lease)
         except LeaseLost:
             log.warning("lease %s: lost in the middle of a term; standing by", lease.key)
+        except Exception as exc:  # NATS away for longer than the lease: a publish gave up after the lease
+            if lease.held():
+                raise
+            log.warning("lease %s: lost while NATS was unreachable (%s); standing by", lease.key,
+                        type(exc).__name__)
         finally:
             stopper.cancel()
             keeper.cancel()
