@@ -6,12 +6,15 @@ carry out accepted decisions never acted on), then go live: consume `job.*` and
 `plan.decided[.<node>]`, poll the processes, heartbeat. Undecodable messages are skipped
 (admission answers them); bad decisions get `plan.rejected` from the core. Nothing a message makes the
 core or a launcher raise stops the agent (and with it the node's jobs): it is logged, the message is
-acknowledged and the agent goes on; only losing the bus stops it.
+acknowledged and the agent goes on. NATS away does not stop it either: it goes on looking after the
+node's processes (and renewing their training leases), keeps what it has to say in an outbox, in
+order, and sends it when NATS is back (each event under its own id, so a resend is stored once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -40,6 +43,12 @@ class AgentShell:
     core: AgentCore = field(init=False)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     restored: int = 0
+    publish_wait_s: float = 3.0
+    """How long one publish may take before the agent counts NATS as away and goes on looking after its
+    processes; what it had to say waits in `outbox`."""
+    outbox: collections.deque = field(default_factory=collections.deque)
+    """(subject, wire bytes, id) of the events not yet stored, oldest first."""
+    away: bool = False
 
     def __post_init__(self) -> None:
         self.core = AgentCore(self.capacity, self.limits)
@@ -49,8 +58,27 @@ class AgentShell:
         return self.capacity.node
 
     async def publish(self, events: list[Event]) -> None:
-        for e in events:
-            await self.bus.publish(e.subject, encode(e), e.id)
+        await self._publish_encoded([(e, encode(e)) for e in events])
+
+    async def flush(self) -> bool:
+        """Send what waits in the outbox, in order; False (the rest kept) when NATS does not answer."""
+        while self.outbox:
+            subject, data, msg_id = self.outbox[0]
+            try:
+                await asyncio.wait_for(self.bus.publish(subject, data, msg_id), self.publish_wait_s)
+            except PermissionError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - unreachable, timed out, reconnecting: all the same here
+                if not self.away:
+                    log.warning("agent %s: NATS not answering (%s): looking after the jobs, keeping what to say",
+                                self.node, type(exc).__name__)
+                self.away = True
+                return False
+            self.outbox.popleft()
+        if self.away:
+            log.warning("agent %s: NATS answers again; everything kept was sent", self.node)
+            self.away = False
+        return True
 
     def _event(self, subject: str, payload) -> Event:
         return make(subject, payload, time=time.time(), id=new_id(f"{self.node}-"), source=f"agent-{self.node}")
@@ -84,11 +112,24 @@ class AgentShell:
         beat_at = 0.0
         try:
             while not stop.is_set():
-                for d in await consumer.fetch(64, timeout=self.poll_s):
+                if not await self.flush():  # NATS away: the processes are looked after all the same
+                    await self._watch()
+                    await asyncio.sleep(self.poll_s)
+                    continue
+                try:
+                    batch = await consumer.fetch(64, timeout=self.poll_s)
+                except Exception as exc:  # noqa: BLE001 - the connection went away under the fetch
+                    log.info("agent %s: fetch failed (%s)", self.node, type(exc).__name__)
+                    batch = []
+                    await asyncio.sleep(self.poll_s)
+                for d in batch:
                     await self._deliver(d)
-                    await d.ack()
+                    try:
+                        await d.ack()
+                    except Exception as exc:  # noqa: BLE001 - handed out already: dropped if it comes again
+                        log.info("agent %s: ack of seq %d failed (%s)", self.node, d.seq, type(exc).__name__)
                 await self._watch()
-                if time.monotonic() - beat_at >= self.heartbeat_s:
+                if time.monotonic() - beat_at >= self.heartbeat_s and not self.outbox:
                     beat_at = time.monotonic()
                     await self.publish([self._event(f"node.heartbeat.{self.node}",
                                                     NodeHeartbeat(node=self.node, jobs=self.core.running_jobs()))])
@@ -110,8 +151,8 @@ class AgentShell:
         await self._act()
 
     async def _publish_encoded(self, out: list[tuple[Event, bytes]]) -> None:
-        for e, data in out:
-            await self.bus.publish(e.subject, data, e.id)
+        self.outbox.extend((e.subject, data, e.id) for e, data in out)
+        await self.flush()
 
     async def _observe(self, fact) -> None:
         """Hand the core a fact about a process and publish its answers (a core failure is logged)."""
