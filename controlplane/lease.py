@@ -221,20 +221,25 @@ async def run_replicated(lease: Lease, term: Term, stop: asyncio.Event,
         term_stop = asyncio.Event()
         keeper = asyncio.create_task(lease.keep(term_stop), name=f"lease-{lease.key}")
         stopper = asyncio.create_task(_relay(stop, term_stop))
+        lost_in_term = False
         try:
             await term(term_stop, lease)
         except LeaseLost:
             log.warning("lease %s: lost in the middle of a term; standing by", lease.key)
+            lost_in_term = True
         except Exception as exc:  # NATS away for longer than the lease: a publish gave up after the lease
             if lease.held():
                 raise
             log.warning("lease %s: lost while NATS was unreachable (%s); standing by", lease.key,
                         type(exc).__name__)
+            lost_in_term = True
         finally:
             stopper.cancel()
             keeper.cancel()
             await asyncio.gather(keeper, stopper, return_exceptions=True)
-            lost = not lease.held()
+            # a renewal in flight may have made the lease valid again after the term saw it lost: the term
+            # ended all the same, and must be run again, not taken for a service that stopped by itself
+            lost = lost_in_term or not lease.held() or (term_stop.is_set() and not stop.is_set())
             await lease.release()
         if not lost and not stop.is_set():
             return

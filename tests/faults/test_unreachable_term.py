@@ -31,3 +31,25 @@ async def test_a_publish_that_gives_up_after_the_lease_was_lost_stands_by_and_a_
     with pytest.raises(ValueError, match="a fault of the term"):
         await asyncio.wait_for(run_replicated(lease, term, asyncio.Event()), 10 * TTL)
     assert terms == 2, "the replica should have stood by and taken the lease again after the first term"
+
+
+async def test_a_term_ended_by_a_lost_lease_runs_again_even_where_a_late_renewal_made_it_valid(js_bus):
+    """A replica busy handling a backlog saw its lease lost (LeaseLost) while a renewal in flight then
+    succeeded: the term ended all the same, so the replica runs a new one instead of exiting."""
+    from controlplane.lease import LeaseLost
+
+    kv = await ensure_lease_bucket(js_bus.js, TTL)
+    lease = Lease(kv, "modeler", "replica-a", await bucket_terms(kv))
+    stop = asyncio.Event()
+    terms = 0
+
+    async def term(term_stop: asyncio.Event, held: Lease) -> None:
+        nonlocal terms
+        terms += 1
+        if terms == 1:
+            assert held.held()  # the renewal came back in time: valid again, yet the term had given up
+            raise LeaseLost("seen lost while busy")
+        stop.set()
+
+    await asyncio.wait_for(run_replicated(lease, term, stop), 10 * TTL)
+    assert terms == 2, "the replica exited instead of running its term again"
