@@ -163,6 +163,7 @@ class Deployment:
     nats_size: int = 1
     replicas: int = 1
     agent: bool = False
+    lease_ttl: float = LEASE_TTL
     nats: Nats | None = None
     bus: JetStreamBus | None = None
     procs: dict[str, list[Proc]] = field(default_factory=dict)
@@ -180,7 +181,7 @@ class Deployment:
         self.nats = await asyncio.to_thread(Nats, self.tmp, self.nats_size)
         replicas = 3 if self.nats_size > 1 else 1
         self.bus = await connect(self.nats.url, replicas=replicas)  # the deployment's bootstrap: stream, leases
-        await ensure_lease_bucket(self.bus.js, LEASE_TTL, replicas=replicas)
+        await ensure_lease_bucket(self.bus.js, self.lease_ttl, replicas=replicas)
         for name in ("recorder", *SERVICES):
             self.procs[name] = [self.service(name) for _ in range(self.replicas)]
         if self.agent:
@@ -201,7 +202,7 @@ class Deployment:
 
     async def active(self, name: str, timeout: float = 30.0) -> Proc:
         """The replica of `name` holding its lease now."""
-        kv = await ensure_lease_bucket(self.bus.js, LEASE_TTL)
+        kv = await ensure_lease_bucket(self.bus.js, self.lease_ttl)
         lease = Lease(kv, name, "test", await bucket_terms(kv))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
