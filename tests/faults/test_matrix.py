@@ -24,6 +24,7 @@ SLOW = {"agent", "nats server", "active replica"}
 async def test_kill_9_mid_stream_loses_nothing_and_replays(fault, tmp_path):
     outcome = await run_fault(fault, tmp_path)
     assert outcome.acked > 0
+    assert outcome.settled, outcome.notes
     assert outcome.lost == 0, outcome
     assert outcome.duplicates == 0 and outcome.gaps == 0, outcome
     assert outcome.state_equal, outcome.notes
