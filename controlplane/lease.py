@@ -227,12 +227,16 @@ async def run_replicated(lease: Lease, term: Term, stop: asyncio.Event,
         except LeaseLost:
             log.warning("lease %s: lost in the middle of a term; standing by", lease.key)
             lost_in_term = True
-        except Exception as exc:  # NATS away for longer than the lease: a publish gave up after the lease
-            if lease.held():
+        except Exception as exc:  # NATS away, or a server of a cluster gone: what the term asked timed out
+            if lease.held() and not isinstance(exc, _RETRIED):
                 raise
-            log.warning("lease %s: lost while NATS was unreachable (%s); standing by", lease.key,
-                        type(exc).__name__)
+            log.warning("lease %s: the term ended on %s (%s); standing by", lease.key, type(exc).__name__,
+                        "NATS not answering" if isinstance(exc, _RETRIED) else "the lease was lost")
             lost_in_term = True
+            try:  # before trying again
+                await asyncio.wait_for(stop.wait(), lease.terms.poll_s)
+            except asyncio.TimeoutError:
+                pass
         finally:
             stopper.cancel()
             keeper.cancel()

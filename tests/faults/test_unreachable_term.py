@@ -53,3 +53,23 @@ async def test_a_term_ended_by_a_lost_lease_runs_again_even_where_a_late_renewal
 
     await asyncio.wait_for(run_replicated(lease, term, stop), 10 * TTL)
     assert terms == 2, "the replica exited instead of running its term again"
+
+
+async def test_a_term_whose_nats_request_timed_out_while_the_lease_is_held_runs_again(js_bus):
+    """A recorder connected to the cluster server that was killed: its next term's first request to
+    NATS timed out while the connection moved to another server. The replica runs a new term."""
+    kv = await ensure_lease_bucket(js_bus.js, TTL)
+    lease = Lease(kv, "recorder", "replica-a", await bucket_terms(kv))
+    stop = asyncio.Event()
+    terms = 0
+
+    async def term(term_stop: asyncio.Event, held: Lease) -> None:
+        nonlocal terms
+        terms += 1
+        if terms == 1:
+            assert held.held()
+            raise nats.errors.TimeoutError
+        stop.set()
+
+    await asyncio.wait_for(run_replicated(lease, term, stop), 10 * TTL)
+    assert terms == 2, "the replica exited on a timeout instead of running its term again"
