@@ -29,6 +29,7 @@ from controlplane.eventlog import scan
 from controlplane.events import (Event, JobSubmitted, MetricsIteration, ModelRef, NodeRegistered, Plan, Resources,
                                  encode, make)
 from controlplane.lease import Lease, bucket_terms, ensure_lease_bucket
+from controlplane.lifetime import die_with_parent
 from controlplane.models import builtin_model_types
 from controlplane.natsserver import NatsServer, free_port
 from controlplane.state import fold
@@ -51,7 +52,8 @@ class Proc:
         self.name = name
         self.proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})},
+                                     preexec_fn=die_with_parent())  # a killed test or bench leaves none behind
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -181,7 +183,7 @@ class Deployment:
         return self.tmp / "agent"
 
     async def start(self) -> "Deployment":
-        self.nats = await asyncio.to_thread(Nats, self.tmp, self.nats_size)
+        self.nats = Nats(self.tmp, self.nats_size)  # on the main thread: the servers stop with this process
         replicas = 3 if self.nats_size > 1 else 1
         self.bus = await connect(self.nats.url, replicas=replicas)  # the deployment's bootstrap: stream, leases
         await ensure_lease_bucket(self.bus.js, self.lease_ttl, replicas=replicas)
@@ -379,7 +381,7 @@ async def kill(d: Deployment, fault: str, outcome: Outcome) -> None:
         outcome.notes.append(f"killed {d.nats.servers[i].server_name}, a follower of the stream (leader {leader})")
         d.nats.kill(i)
         await asyncio.sleep(2.0)  # down while the stream goes on
-        await asyncio.to_thread(d.nats.restart, i)
+        d.nats.restart(i)  # on the main thread, as at the start
         await d.current(d.nats.servers[i].server_name)
         return
     d.procs[fault][0].kill9()
