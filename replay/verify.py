@@ -44,7 +44,7 @@ from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
 from controlplane.bus.base import Delivery, matches_any
 from controlplane.service import answers
 
-from .config import PolicyFactory, RunConfig, control_cores, load_parts
+from .config import PolicyFactory
 from .record import read_run
 
 

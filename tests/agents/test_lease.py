@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from agents import lease
 from agents.core import Launch
 from agents.launcher import LocalLauncher, read_json
 from agents.plan_check import JobInfo

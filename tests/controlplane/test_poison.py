@@ -7,7 +7,6 @@ import asyncio
 import logging
 
 import msgpack
-import polars as pl
 
 from controlplane.admission import AdmissionCore
 from controlplane.eventlog import scan

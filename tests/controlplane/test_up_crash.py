@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from controlplane.auth import Identity, find_credentials
 from controlplane.bus.nats import JetStreamBus

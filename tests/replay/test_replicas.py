@@ -12,11 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,6 +26,7 @@ from controlplane.service import ServiceShell
 from replay.config import RUN_FILE
 from replay.verify import verify
 
+from ..faults.harness import Proc
 from ..policy.helpers import job, node
 
 TTL = 2.0
@@ -37,40 +34,15 @@ T0 = time.time()
 JOBS = [("vit", 64, 2), ("bert", 32, 2), ("gpt2", 16, 4), ("vit", 64, 2)] * 4
 
 
-class Replica:
+class Replica(Proc):
     """A `rubick service` process whose output lines are collected as they come."""
 
     def __init__(self, url: str, name: str, *extra: str) -> None:
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "service", name, "--nats-url", url,
-                                      "--log-level", "warning", *extra],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
+        super().__init__(name, ["service", name, "--nats-url", url, "--log-level", "warning", *extra])
 
     async def said(self, *words: str, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if any(f"{self.name} {w}" in line for w in words):
-                    return line
-            if self.proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"{self.name} did not say {words}: {self.lines[-20:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """The first line in which this service says one of `words` (`policy ready`, `policy standby`)."""
+        return await super().said(*(f"{self.name} {w}" for w in words), timeout=timeout)
 
 
 async def active(lease: Lease, replicas: list[Replica], timeout: float = 30.0) -> Replica:

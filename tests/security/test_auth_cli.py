@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from controlplane.auth import AuthError, AuthStore, Credentials, Identity
+from controlplane.auth import AuthError, AuthStore, Credentials
 from controlplane.bus.nats import JetStreamBus
 from controlplane.cli import main
 from controlplane.runtime import ControlPlane, UpConfig
