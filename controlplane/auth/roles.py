@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..events.catalog import STREAM_NAME
+from ..events.catalog import NODE_SCOPED, STREAM_NAME
 
 ROLES = ("admin", "recorder", "admission", "clock", "modeler", "policy", "agent", "reporter", "submitter")
 NODE_ROLES = frozenset({"agent", "reporter"})
@@ -41,8 +41,6 @@ _SERVICE_LEASE = {"recorder", "admission", "clock", "modeler", "policy"}
 _REJECTIONS = ("job.rejected", "node.rejected", "metrics.rejected", "model.rejected", "plan.rejected",
                "clock.rejected", "run.rejected")
 """A service's shell answers a message its core failed on with `<namespace>.rejected` (controlplane.service)."""
-_NODE_FACTS = ("job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",
-               "node.registered", "node.heartbeat", "node.lost", "metrics.iteration", "plan.rejected")
 
 
 class RoleError(ValueError):
@@ -91,7 +89,7 @@ def publish_subjects(identity: Identity) -> list[str]:
     if role == "submitter":
         return ["job.submitted"]
     if role == "agent":
-        return [f"{s}.{node}" for s in _NODE_FACTS]
+        return [f"{s}.{node}" for s in sorted(NODE_SCOPED)]
     if role == "reporter":
         return [f"metrics.iteration.{node}"]
     if role == "admission":
