@@ -186,7 +186,7 @@ class AgentCore:
         x, base = event.payload, event.base
         if base == "job.submitted":
             self.jobs.setdefault(x.job_id, JobInfo(x.job_id, x.model.type, x.global_batch_size,
-                                                   x.target_iterations))
+                                                   x.target_iterations, x.workload))
             return []
         if base.startswith("job.") and base != "job.rejected":
             if x.job_id in self.local and subject_node(event.subject) not in (None, self.node):

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from controlplane.events import NodeShare, Plan, build
 from controlplane.events.schema import to_plain
 
-from . import lease
+from . import contract, lease
 from .core import Exited, Fact, FirstIteration, Found, Launch
 from .plan_config import PlanError, torchrun_args, torchrun_env
 
@@ -84,13 +84,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 12_000) -
 
 
 def pid_alive(pid: int, marker: str | None = None) -> bool:
-    """A live (not zombie) process, whose command line holds `marker` when given (pids are reused)."""
+    """A live (not zombie) process, whose command line or environment holds `marker` when given (pids are
+    reused)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
         if marker is not None:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    return True
+            with open(f"/proc/{pid}/environ", "rb") as f:  # a workload's command: RUBICK_RUN_FILE names it
                 return marker.encode() in f.read()
         return True
     except (OSError, IndexError):
@@ -132,21 +136,42 @@ class LocalLauncher:
             targs = torchrun_args(a.job.job_id, a.allocation, self.node)
         except PlanError as exc:
             raise LaunchError(str(exc)) from None
-        run = {**self.run_extra, "job_id": a.job.job_id, "model_type": a.job.model_type, "plan": to_plain(a.plan),
-               "global_batch_size": a.job.global_batch_size, "target_iterations": a.job.target_iterations,
-               "job_dir": str(d), "node": self.node, "attempt": a.attempt,
-               "gpus_per_node": [s.gpus for s in a.allocation if s.gpus > 0],
-               "cpus_per_gpu": max(1, a.share.cpus // a.share.gpus) if a.share.cpus else None,
-               "nats_url": self.nats_url}
-        run_file = d / f"run-a{a.attempt}.json"
+        workload = a.job.workload
+        if workload is not None and not workload.command:
+            raise LaunchError("the local launcher runs a workload's command, and this workload has none "
+                              "(an image's entrypoint needs the Kubernetes launcher)")
+        ckpt = workload.checkpoint.host_path if workload and workload.checkpoint else None
+        if workload and workload.checkpoint and ckpt is None:
+            raise LaunchError(f"the local launcher cannot mount PVC {workload.checkpoint.pvc}: give the checkpoint "
+                              "a host_path")
+        if ckpt:
+            try:
+                Path(ckpt).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise LaunchError(f"checkpoint folder {ckpt}: {exc.strerror or exc}") from None
+        files = contract.local_files(d, a.attempt, ckpt)
+        run = contract.run_record(a.job.job_id, a.job.model_type, a.plan, a.allocation, a.share, self.node, a.attempt,
+                                  a.job.global_batch_size, a.job.target_iterations, self.nats_url, str(d),
+                                  **self.run_extra)
+        run_file = Path(files.run_file)
+        try:
+            write_json(Path(files.deepspeed_config), contract.deepspeed_file_content(run))
+        except PlanError as exc:
+            raise LaunchError(str(exc)) from None
         write_json(run_file, run)
+        Path(files.ready_file).unlink(missing_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "OMP_NUM_THREADS": str(max(1, (a.share.cpus or 1) // max(1, a.share.gpus))),
-               "RUBICK_JOB_ID": a.job.job_id, "RUBICK_NODE": self.node, **torchrun_env(a.allocation),
-               lease.LEASE_ENV: f"{self.lease_s:g}", **self.env}
+               **(workload.env if workload else {}), **torchrun_env(a.allocation),
+               **contract.contract_env(run, files, self.lease_s), **self.env}
         if not self.cpu_devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.devices)
-        cmd = [self.python, "-m", "agents.torchrun", *targs, str(self.trainer), str(run_file)]
+        if workload is not None:
+            cmd = [self.python, "-m", "agents.torchrun", *targs, "--no-python", *workload.argv]
+            cwd = Path(workload.working_dir) if workload.working_dir else d
+        else:
+            cwd = REPO
+            cmd = [self.python, "-m", "agents.torchrun", *targs, str(self.trainer), str(run_file)]
         cores = set(a.cpu_cores)
 
         def bind() -> None:  # runs in the child before exec: torchrun and its workers inherit it
@@ -156,7 +181,7 @@ class LocalLauncher:
         lease.renew(d)
         with open(d / f"log-a{a.attempt}.txt", "ab") as log:
             try:
-                popen = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=bind)
             except OSError as exc:
                 raise LaunchError(f"{cmd[0]}: {exc}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.events import Decision, NodeShare
+from controlplane.events.workload import Workload
 
 from .node import NodeCapacity
 
@@ -19,6 +20,8 @@ class JobInfo:
     model_type: str
     global_batch_size: int
     target_iterations: int
+    workload: Workload | None = None
+    """The job's own training code; None: the example trainer."""
 
 
 @dataclass(frozen=True)

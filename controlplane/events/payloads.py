@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .schema import Invalid, spec
+from .workload import Workload
 
 ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 """Job, tenant and node names: usable in NATS subjects and file names."""
@@ -131,6 +132,8 @@ class JobSubmitted:
     resources: Resources = spec("the owner's requested resources")
     target_iterations: int = spec("iterations to run before the job is complete", ge=1, le=10**12,
                                   example=1000)
+    workload: Workload | None = spec("the job's own training code (docs/workloads.md); nil: the example "
+                                     "trainer", default=None)
 
     def check(self, path: str = "") -> None:
         if self.plan.gpus != self.resources.gpus:

@@ -1,0 +1,106 @@
+"""A job's own training code: the optional `workload` of `job.submitted` (docs/workloads.md).
+
+A job without one runs the example trainer. With one, every rank runs `command + args` under
+torchrun (local launcher) or in a container of `image` (Kubernetes launcher), with the plan
+handed over as described in docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .schema import Invalid, spec
+
+IMAGE_PATTERN = (r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/)?"
+                 r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+                 r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,})?")
+"""An OCI image reference as the container runtimes parse it: [registry[:port]/]path[:tag][@digest],
+path components in lower case."""
+_IMAGE = re.compile(IMAGE_PATTERN)
+PVC_PATTERN = r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?"
+"""A Kubernetes object name (RFC 1123 subdomain)."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIX = "RUBICK_"
+"""The launcher's own variables (docs/workloads.md): a workload may not set them."""
+MAX_ARGS = 256
+MAX_ARG_LEN = 4096
+MAX_ENV = 256
+
+
+@dataclass(frozen=True)
+class CheckpointVolume:
+    """Where a job's checkpoints live, across attempts and plans (mounted at `RUBICK_CHECKPOINT_DIR`)."""
+
+    pvc: str | None = spec("PersistentVolumeClaim in the jobs' namespace (Kubernetes launcher)",
+                           pattern=PVC_PATTERN, max_len=253, default=None, example="gpt2-ckpt")
+    host_path: str | None = spec("absolute folder on the node (local launcher)", pattern=r"/[^\x00]*",
+                                 max_len=4096, default=None, example=None)
+
+    def check(self, path: str = "") -> None:
+        if (self.pvc is None) == (self.host_path is None):
+            raise Invalid("a checkpoint volume is a PVC or a host path, exactly one", path or "checkpoint",
+                          "pvc or host_path", "both" if self.pvc else "neither")
+        if self.host_path is not None and ".." in self.host_path.split("/"):
+            raise Invalid("a host path may not climb with ..", _p(path, "host_path"), "an absolute folder",
+                          self.host_path[:80])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The job's own training code; nil in `job.submitted`: the example trainer."""
+
+    image: str | None = spec("container image (the Kubernetes launcher needs one; the local launcher ignores it)",
+                             max_len=512, default=None,
+                             example="ghcr.io/team-a/gpt2-train:1.4")
+    command: tuple[str, ...] = spec("the program every rank runs, with its first arguments (as torchrun "
+                                    "--no-python starts it); empty: the image's entrypoint",
+                                    default=(), example=("python", "train.py"))
+    args: tuple[str, ...] = spec("further arguments after the command", default=(), example=("--lr", "3e-4"))
+    working_dir: str | None = spec("absolute folder the command starts in; nil: the job's folder (local) "
+                                   "or the image's (Kubernetes)", pattern=r"/[^\x00]*", max_len=4096, default=None,
+                                   example="/workspace")
+    env: dict[str, str] = spec("environment variables of the training processes (names starting RUBICK_ "
+                               "are the launcher's)", default_factory=dict, example={"HF_HOME": "/cache"})
+    checkpoint: CheckpointVolume | None = spec("where checkpoints live; nil: the launcher's job folder "
+                                               "(local) or an emptyDir that dies with the pod (Kubernetes)",
+                                               default=None)
+
+    def check(self, path: str = "") -> None:
+        if self.image is not None and not _IMAGE.fullmatch(self.image):
+            raise Invalid("not an image reference a container runtime accepts", _p(path, "image"),
+                          "[registry[:port]/]name[:tag][@digest], the name in lower case", self.image[:120])
+        argv = self.command + self.args
+        if len(argv) > MAX_ARGS:
+            raise Invalid("too many command words", _p(path, "args"), f"at most {MAX_ARGS}", str(len(argv)))
+        for name, words in (("command", self.command), ("args", self.args)):
+            for i, word in enumerate(words):
+                if not isinstance(word, str):
+                    raise Invalid("wrong type", f"{_p(path, name)}[{i}]", "string", type(word).__name__)
+                if len(word) > MAX_ARG_LEN or "\x00" in word:
+                    raise Invalid("argument too long or holding a NUL", f"{_p(path, name)}[{i}]",
+                                  f"at most {MAX_ARG_LEN} characters, no NUL", f"{len(word)} characters")
+        if self.command and not self.command[0]:
+            raise Invalid("empty program name", _p(path, "command") + "[0]", "a program", "''")
+        if len(self.env) > MAX_ENV:
+            raise Invalid("too many environment variables", _p(path, "env"), f"at most {MAX_ENV}", str(len(self.env)))
+        for name, value in self.env.items():
+            where = f"{_p(path, 'env')}.{name[:40]}"
+            if not ENV_NAME.fullmatch(name):
+                raise Invalid("not an environment variable name", where, "[A-Za-z_][A-Za-z0-9_]*", name[:80])
+            if name.startswith(RESERVED_ENV_PREFIX):
+                raise Invalid("RUBICK_ variables are set by the launcher", where, "another name", name[:80])
+            if not isinstance(value, str):
+                raise Invalid("wrong type", where, "string", type(value).__name__)
+            if len(value) > MAX_ARG_LEN or "\x00" in value:
+                raise Invalid("value too long or holding a NUL", where, f"at most {MAX_ARG_LEN} characters, no NUL",
+                              f"{len(value)} characters")
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.command + self.args
+
+
+def _p(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
