@@ -9,6 +9,7 @@
                                           server.conf to give nats-server)
     rubick auth bootstrap --nats-url URL --creds admin.nk
                                           create the stream and the lease bucket with the bootstrap identity
+    rubick auth kube --dir DIR --namespace NS   Secrets (and the chart's values) for the Helm chart
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def register(sub) -> None:
     q.add_argument("--tls-ca", type=Path)
     q.add_argument("--replicas", type=int, default=1, help="stream replicas (3 on a three-server NATS cluster)")
     q.set_defaults(func=_bootstrap)
+
+    q = auth.add_parser("kube", help="Kubernetes Secrets and chart values from a credentials folder")
+    q.add_argument("--dir", type=Path, required=True, help="a folder made by `rubick auth init`")
+    q.add_argument("--namespace", required=True, help="the chart's release namespace")
+    q.add_argument("--jobs-namespace", help="the training pods' namespace (default: --namespace)")
+    q.add_argument("--prefix", default="rubick-auth", help="Secret name prefix (the chart's auth.secretPrefix)")
+    q.add_argument("--values", type=Path, help="also write the chart values (auth, nats.config.merge) to this file")
+    q.set_defaults(func=_kube)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -170,3 +179,19 @@ def _bootstrap(args) -> int:
         return fail(str(exc), 1)
     except (ConnectionError, OSError) as exc:
         return fail(f"cannot reach NATS at {redact_url(url)}: {exc}", 1)
+
+
+def _kube(args) -> int:
+    import sys
+
+    import yaml
+
+    from ..auth import kube
+    try:
+        text = kube.render(args.dir, args.namespace, args.jobs_namespace, args.prefix)
+        if args.values:
+            args.values.write_text(yaml.safe_dump(kube.values(args.dir, args.prefix), sort_keys=False, width=120))
+    except (AuthError, OSError) as exc:
+        return fail(str(exc))
+    sys.stdout.write(text)
+    return 0
