@@ -31,7 +31,7 @@ import torch.distributed as dist  # noqa: E402
 
 from agents.contract import DEEPSPEED_CONFIG, TrainingJob  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
-from examples.trainer import checkpoint  # noqa: E402
+from agents import checkpoint  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import build_model  # noqa: E402
 

@@ -15,7 +15,7 @@ from agents.core import Launch
 from agents.launcher import LocalLauncher, read_json
 from agents.plan_check import JobInfo
 from controlplane.events import NodeShare, Plan
-from examples.trainer import checkpoint
+from agents import checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

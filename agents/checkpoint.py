@@ -1,4 +1,5 @@
-"""A checkpoint that does not depend on the plan it was written under.
+"""A checkpoint that does not depend on the plan it was written under, for any DeepSpeed training code
+(the example trainer, a workload's own script: docs/workloads.md).
 
 DeepSpeed's own ZeRO checkpoints are split per data-parallel rank and refuse another
 world size or ZeRO stage. This one holds, for every parameter by name, its full fp32
@@ -80,8 +81,14 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def load_weights(state: dict[str, Any], model: torch.nn.Module) -> None:
-    """Before `deepspeed.initialize`: the module starts from the saved fp32 weights."""
-    model.load_state_dict(state["params"], strict=True)
+    """Before `deepspeed.initialize`: the module starts from the saved fp32 weights. Every parameter must
+    be in the checkpoint; a state-dict entry that is no parameter of its own (a weight tied to another,
+    such as a language model's output layer, or a buffer) keeps what the model built."""
+    missing, unexpected = model.load_state_dict(state["params"], strict=False)
+    params = dict(model.named_parameters())
+    lost = [k for k in missing if k in params]
+    if lost or unexpected:
+        raise RuntimeError(f"checkpoint does not fit the model: missing {lost[:5]}, unexpected {unexpected[:5]}")
 
 
 def load_optimizer(state: dict[str, Any], engine, model: torch.nn.Module) -> None:
