@@ -34,6 +34,32 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="example trainer: also checkpoint every N iterations (0: only when asked)")
     p.add_argument("--log-level", default="info")
+    k = p.add_argument_group("launcher", "how the node's jobs run: local processes, or pods (Kubernetes)")
+    k.add_argument("--launcher", choices=("local", "kubernetes"), default="local",
+                   help="local: torchrun processes on this machine; kubernetes: one pod per job on this node "
+                        "(capacity from the Node's allocatable resources unless given)")
+    k.add_argument("--k8s-namespace", default=None,
+                   help="namespace of the jobs' pods (default: the agent pod's own, else default)")
+    k.add_argument("--kubeconfig", type=Path, default=None,
+                   help="kubeconfig file (default: the in-cluster service account, else ~/.kube/config)")
+    k.add_argument("--reporter-secret", default=None, metavar="NAME",
+                   help="Secret whose item reporter-<node>.nk the pods' ranks report iterations with")
+    k.add_argument("--pod-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="label added to every pod (kueue.x-k8s.io/queue-name=Q, kai.scheduler/queue=Q, ...); "
+                        "repeatable")
+    k.add_argument("--pending-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds a pod may stay Pending before its launch counts as failed")
+    k.add_argument("--contract-image", default=None, metavar="IMAGE",
+                   help="the agent's own image: the pods' init container and the example trainer "
+                        "(default: $RUBICK_IMAGE)")
+    k.add_argument("--no-gpu-resource", action="store_true",
+                   help="do not ask for nvidia.com/gpu (CPU-only nodes; give --cpu-devices N)")
+    k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="imagePullSecrets of the pods; repeatable")
+    k.add_argument("--pod-trainer", default=None, metavar="PATH",
+                   help="the example trainer's path in the agent's image (default: /app/examples/trainer/train.py)")
+    k.add_argument("--node-lost-grace", type=float, default=40.0, metavar="S",
+                   help="seconds the Node may be NotReady before the agent reports node.lost")
     p.set_defaults(func=run_agent)
 
     from .profile import register_profile
@@ -43,6 +69,13 @@ def register(sub: Any) -> None:
 def run_agent(args: argparse.Namespace) -> int:
     if args.cpu_devices < 0:
         return fail("--cpu-devices must be >= 0")
+    if args.launcher == "kubernetes":
+        try:
+            pod_labels(args.pod_label)
+        except ValueError as exc:
+            return fail(str(exc))
+        if args.pending_timeout <= 0 or args.node_lost_grace < 0:
+            return fail("--pending-timeout must be > 0 and --node-lost-grace >= 0")
     return run_against_nats(args, _agent)
 
 
@@ -53,17 +86,23 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
     from .node import discover
     from .shell import AgentShell, state_dir_for
 
-    capacity = discover(args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
-                        mem_gb=args.mem_gb or None)
+    state_dir = args.state_dir or state_dir_for(args.data_dir, args.node)
+    run_extra = {"size": args.size, "seed": args.seed, "checkpoint_every": args.checkpoint_every}
+    credentials = agent_credentials(args)
+    if args.launcher == "kubernetes":
+        try:
+            launcher, capacity = kubernetes_launcher(args, url, run_extra)
+        except Exception as exc:  # noqa: BLE001 - no cluster, no node, no permission: say so and stop
+            return fail(f"kubernetes launcher: {exc}")
+        state_dir = f"pods in namespace {launcher.namespace}"
+    else:
+        capacity = discover(args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
+                            mem_gb=args.mem_gb or None)
+        launcher = LocalLauncher(state_dir, args.node, url, cpu_devices=capacity.cpu_devices, run_extra=run_extra,
+                                 stop_timeout_s=args.stop_timeout)
+        launcher.env.update(reporter_env(args, credentials))
     if capacity.gpus == 0:
         print(f"rubick agent: no GPUs found on {args.node}; use --cpu-devices N to run on the CPU", flush=True)
-    state_dir = args.state_dir or state_dir_for(args.data_dir, args.node)
-    launcher = LocalLauncher(state_dir, args.node, url, cpu_devices=capacity.cpu_devices,
-                             run_extra={"size": args.size, "seed": args.seed,
-                                        "checkpoint_every": args.checkpoint_every},
-                             stop_timeout_s=args.stop_timeout)
-    credentials = agent_credentials(args)
-    launcher.env.update(reporter_env(args, credentials))
     bus = await JetStreamBus.connect(url, name=f"rubick-agent-{args.node}", create_stream=False,
                                      credentials=credentials)
     shell = AgentShell(bus, capacity, launcher, heartbeat_s=args.heartbeat)
@@ -82,7 +121,79 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
         await task
     finally:
         await bus.close()
+        close = getattr(launcher, "close", None)
+        if close is not None:
+            close()
     return 0
+
+
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def pod_labels(pairs: list[str]) -> dict[str, str]:
+    """--pod-label KEY=VALUE pairs; ValueError naming a malformed one."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--pod-label {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def k8s_namespace(given: str | None, sa_file: Path = SA_NAMESPACE) -> str:
+    if given:
+        return given
+    try:
+        return sa_file.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def k8s_api_client(kubeconfig: Path | None):
+    """An API client: the kubeconfig given, else the in-cluster service account, else ~/.kube/config."""
+    from kubernetes import client, config
+
+    if kubeconfig is not None:
+        return config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def kubernetes_launcher(args: argparse.Namespace, url: str, run_extra: dict):
+    """The pods launcher of `--launcher kubernetes`, and the node's capacity from its Node object."""
+    import json
+    import os
+
+    from kubernetes import client
+
+    from .kube.capacity import node_capacity
+    from .kube.launcher import KubernetesLauncher, api_reason
+    from .kube.manifests import DEFAULT_TRAINER, PodSettings
+
+    api = k8s_api_client(args.kubeconfig)
+    try:
+        node = json.loads(client.CoreV1Api(api).read_node(args.node, _preload_content=False,
+                                                          _request_timeout=(5, 15)).data)
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"reading node {args.node}: {api_reason(exc)}") from None
+    capacity = node_capacity(node, args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
+                             mem_gb=args.mem_gb or None)
+    settings = PodSettings(namespace=k8s_namespace(args.k8s_namespace),
+                           contract_image=args.contract_image or os.environ.get("RUBICK_IMAGE") or None,
+                           trainer=args.pod_trainer or DEFAULT_TRAINER, nats_url=url,
+                           reporter_secret=args.reporter_secret, pod_labels=pod_labels(args.pod_label),
+                           image_pull_secrets=tuple(args.image_pull_secret), gpu_resource=not args.no_gpu_resource,
+                           run_extra=run_extra)
+    launcher = KubernetesLauncher(api, args.node, settings, stop_timeout_s=args.stop_timeout,
+                                  pending_timeout_s=args.pending_timeout, node_grace_s=args.node_lost_grace)
+    if not settings.contract_image:
+        print("rubick agent: no --contract-image (or RUBICK_IMAGE): pods cannot be launched", flush=True)
+    return launcher, capacity
 
 
 def agent_credentials(args: argparse.Namespace):

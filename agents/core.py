@@ -122,7 +122,19 @@ class Found:
     log_tail: str = ""
 
 
-Fact = Started | FirstIteration | Exited | LaunchFailed
+@dataclass(frozen=True)
+class NodeCondition:
+    """The node's own health as its cluster sees it (the Kubernetes launcher: the Node's Ready condition).
+    Not ready past the launcher's grace: the core reports `node.lost` for its node, once until it is
+    ready again."""
+
+    node: str
+    time: float
+    ready: bool
+    reason: str = ""
+
+
+Fact = Started | FirstIteration | Exited | LaunchFailed | NodeCondition
 
 
 @dataclass
@@ -165,6 +177,8 @@ class AgentCore:
     attempts: dict[str, int] = field(default_factory=dict)
     nodes: set[str] = field(default_factory=set)
     """Nodes registered and not lost (the allocation of a decision may name only these)."""
+    node_lost: bool = False
+    """`node.lost` was reported for this node and it has not been ready since."""
     _actions: list[Action] = field(default_factory=list)
 
     name = "agent"
@@ -336,6 +350,8 @@ class AgentCore:
 
     # --- facts from the shell --------------------------------------------------------------------
     def observe(self, fact: Fact) -> list[Event]:
+        if isinstance(fact, NodeCondition):
+            return self._node_condition(fact)
         lj = self.local.get(fact.job_id)
         if lj is None or fact.attempt != lj.attempt:
             return []  # about an attempt that is over
@@ -357,6 +373,15 @@ class AgentCore:
         if isinstance(fact, LaunchFailed):
             return self._failed(lj, fact.time, f"launch failed: {fact.reason}", None, "")
         return self._exited(lj, fact)
+
+    def _node_condition(self, x: NodeCondition) -> list[Event]:
+        if x.node != self.node or x.ready == (not self.node_lost):
+            return []  # another node's (agents speak for their own only), or nothing new
+        self.node_lost = not x.ready
+        if x.ready:
+            return []  # its heartbeats bring it back
+        return [make(f"node.lost.{self.node}", p.NodeLost(node=self.node, reason=x.reason[:500] or "not ready"),
+                     time=x.time, id=_ident(self.node, "lost", f"{x.time:.3f}"), source=f"agent-{self.node}")]
 
     def _exited(self, lj: LocalJob, x: Exited) -> list[Event]:
         if x.state == "completed" and x.exit_code in (0, None):

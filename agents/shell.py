@@ -25,7 +25,7 @@ from controlplane.bus.inorder import in_order
 from controlplane.events import Event, Invalid, NodeHeartbeat, decode, encode, make, new_id
 
 from .core import AgentCore, Exited, Kill, Launch, LaunchFailed, Started, Stop
-from .launcher import LaunchError, LocalLauncher
+from .launcher import LaunchError, Launcher
 from .node import NodeCapacity
 from .plan_check import TrainerLimits
 
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 class AgentShell:
     bus: Bus
     capacity: NodeCapacity
-    launcher: LocalLauncher
+    launcher: Launcher
+    """`LocalLauncher` (processes) or `agents.kube.launcher.KubernetesLauncher` (pods)."""
     limits: TrainerLimits = field(default_factory=TrainerLimits)
     heartbeat_s: float = 5.0
     poll_s: float = 0.2
