@@ -43,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--restart-cost", type=float, default=78.0, help="policy: seconds per reconfiguration")
     p.add_argument("--quotas", type=Path, help="policy: YAML or JSON mapping tenant -> guaranteed GPUs")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port (-1 = off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics listens on (0.0.0.0 in a pod, for Prometheus to reach it)")
     p.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S,
                    help="seconds after which a standby replica takes over from a dead active one; used when this "
                         "service creates the lease bucket (an existing bucket keeps its own)")
@@ -81,7 +83,7 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if args.metrics_port >= 0:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_host)
     try:
         kv = await (ensure_lease_bucket(bus.js, args.lease_ttl) if bootstrap else lease_bucket(bus.js))
         lease = Lease(kv, args.name, replica_id(), await bucket_terms(kv))

@@ -7,7 +7,7 @@ configuration, the checkpoint folder, whether to stop, and the status to leave. 
 reported with `agents.reporter`. `agents.checkpoint` writes a checkpoint any later plan can resume
 from (another DP size, ZeRO stage, offload or GA split).
 
-Submit it with a workload (examples/jobs/hf-gpt2-workload.yaml):
+Submit it with a workload (examples/workloads/hf-gpt2-job.yaml):
 
     workload:
       command: [python, examples/workloads/hf_gpt2.py]

@@ -150,3 +150,28 @@ async def test_valid_events_pass_without_rejection(subject):
     await run_shell(bus, 1)
     assert rejections(bus) == ([] if subject != "job.rejected" else [("job.rejected", e.payload)])
     assert await bus.last_seq() == 1
+
+
+async def test_bad_workloads_are_refused_naming_the_field():
+    """A workload a launcher could not run safely never reaches a node (docs/workloads.md)."""
+    bus = MemoryBus()
+    good = {"image": "ghcr.io/team-a/train:1.4", "command": ["python", "train.py"], "env": {"HF_HOME": "/c"},
+            "checkpoint": {"pvc": "ckpt"}}
+    cases = {
+        "ok": ({}, None),
+        "caps": ({"image": "Team/Train"}, "data.workload.image"),
+        "reserved": ({"env": {"RUBICK_PLAN": "{}"}}, "data.workload.env.RUBICK_PLAN"),
+        "badname": ({"env": {"1X": "a"}}, "data.workload.env.1X"),
+        "both": ({"checkpoint": {"pvc": "a", "host_path": "/b"}}, "data.workload.checkpoint"),
+        "climb": ({"checkpoint": {"host_path": "/srv/../etc"}}, "data.workload.checkpoint.host_path"),
+        "relative": ({"working_dir": "work"}, "data.workload.working_dir"),
+        "extra": ({"privileged": True}, "data.workload.privileged"),
+        "argtype": ({"args": ["--n", 3]}, "data.workload.args[1]"),
+    }
+    for n, (job_id, (change, _)) in enumerate(cases.items()):
+        raw = msgpack.unpackb(encode(submitted(job_id, n)))
+        raw["data"]["workload"] = {**good, **change}
+        await bus.publish("job.submitted", msgpack.packb(raw), f"w-{n}")
+    await run_shell(bus, len(cases))
+    got = {r.job_id or r.event_id: r.field for _, r in rejections(bus)}
+    assert got == {job_id: fld for job_id, (_, fld) in cases.items() if fld}, got
