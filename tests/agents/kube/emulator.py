@@ -72,7 +72,10 @@ class ApiServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
+        try:
+            self.loop.run_until_complete(self._serve())
+        except asyncio.CancelledError:  # closed with connections still open (`close`)
+            pass
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
