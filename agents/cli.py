@@ -57,7 +57,8 @@ def register(sub: Any) -> None:
     k.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
                    help="imagePullSecrets of the pods; repeatable")
     k.add_argument("--pod-trainer", default=None, metavar="PATH",
-                   help="the example trainer's path in the agent's image (default: /app/examples/trainer/train.py)")
+                   help="the example trainer's path in the agent's image "
+                        "(default: /opt/rubick/src/examples/trainer/train.py)")
     k.add_argument("--node-lost-grace", type=float, default=40.0, metavar="S",
                    help="seconds the Node may be NotReady before the agent reports node.lost")
     p.set_defaults(func=run_agent)

@@ -49,8 +49,8 @@ TORCHRUN_ARGS_ENV = "RUBICK_TORCHRUN_ARGS"
 """How the ranks are to be started (space-separated torchrun arguments), for an image whose entrypoint
 starts torchrun itself (a workload with no command)."""
 CREDS_ENV = "RUBICK_NATS_CREDS"
-DEFAULT_TRAINER = "/app/examples/trainer/train.py"
-"""The example trainer in the agent's image (the repository installed at /app)."""
+DEFAULT_TRAINER = "/opt/rubick/src/examples/trainer/train.py"
+"""The example trainer in the agent's image (the Dockerfile installs the repository at /opt/rubick/src)."""
 FATAL_WAITING = ("InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError")
 """Waiting reasons that no amount of waiting cures: the launch failed."""
 

@@ -88,7 +88,8 @@ def test_pod_of_an_image_entrypoint_and_of_cpu_only_nodes():
     main = pod["spec"]["containers"][0]
     assert "command" not in main and main["args"] == ["--epochs", "3"]
     assert main["resources"] == {"requests": {}, "limits": {}}
-    assert next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoint") == {"name": "checkpoint", "emptyDir": {}}
+    ckpt = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoint")
+    assert ckpt == {"name": "checkpoint", "emptyDir": {}}
 
 
 def test_images_are_required():
