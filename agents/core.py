@@ -96,6 +96,8 @@ class Exited:
     """What the trainer said last: running, checkpointed, completed (None: nothing)."""
     iterations: int = 0
     log_tail: str = ""
+    reason: str = ""
+    """Why it ended when no exit code tells (a pod evicted or deleted); empty: the exit code says."""
 
 
 @dataclass(frozen=True)
@@ -403,8 +405,9 @@ class AgentCore:
                                                                    iterations_done=x.iterations), x.time, lj,
                                    "preempted")
         code = "unknown" if x.exit_code is None else str(x.exit_code)
-        reason = (f"training processes exited with code {code} in state {x.state or 'unknown'}"
-                  if x.exit_code is not None else "training processes gone (not started by this agent instance)")
+        reason = x.reason or (f"training processes exited with code {code} in state {x.state or 'unknown'}"
+                              if x.exit_code is not None else
+                              "training processes gone (not started by this agent instance)")
         return self._failed(lj, x.time, reason, x.exit_code, x.log_tail)
 
     def _failed(self, lj: LocalJob, now: float, reason: str, code: int | None, tail: str) -> list[Event]:

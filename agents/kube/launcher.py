@@ -379,9 +379,9 @@ class KubernetesLauncher:
                 pass
         code = term.get("exitCode") if isinstance(term.get("exitCode"), int) else None
         state = status.get("state")
-        tail = ""
+        tail, why = "", ""
         if vanished and not term:
-            tail = p.deleted_why or f"pod {p.name} was deleted before it ended"
+            tail = why = p.deleted_why or f"pod {p.name} was deleted before it ended"
         elif state not in ("completed", "checkpointed") or code not in (0, None):
             tail = self._log_tail(p.name, container) if not vanished else ""
             if not tail:
@@ -390,12 +390,14 @@ class KubernetesLauncher:
                                           term.get("reason")) if isinstance(x, str) and x)
             if reason and reason not in tail:
                 tail = f"{tail}\n[{reason}]" if tail else f"[{reason}]"
+            if reason and not isinstance(term.get("exitCode"), int):
+                why = f"pod {p.name} ended with no exit code: {reason}"
         try:
             iterations = int(status.get("iteration") or 0)
         except (TypeError, ValueError):
             iterations = 0
         ended_at = parse_time(term.get("finishedAt")) or now
-        facts.append(Exited(p.job_id, p.attempt, ended_at, code, state, iterations, tail))
+        facts.append(Exited(p.job_id, p.attempt, ended_at, code, state, iterations, tail, why[:2000]))
         return facts
 
     def _log_tail(self, name: str, container: str) -> str:

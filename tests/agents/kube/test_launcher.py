@@ -173,6 +173,20 @@ def test_failed_pod_whose_log_is_forbidden_still_fails_with_its_termination_mess
     assert failed.payload.exit_code == 137 and "Traceback: killed" in failed.payload.log_tail
 
 
+def test_evicted_pod_fails_the_job_naming_the_eviction(server, launchers):
+    d = _driver(server, launchers)
+    kubelet = Kubelet(server)
+    d.handle(decided(decision()))
+    name = m.pod_name("j1", 1, 0)
+    kubelet.running(name)
+    kubelet.status(name, {"phase": "Failed", "reason": "Evicted",
+                          "message": "The node was low on resource: memory."})
+    d.until(lambda: "job.failed.n0" in d.subjects())
+    (failed,) = [e for e in d.events if e.subject == "job.failed.n0"]
+    assert failed.payload.exit_code is None
+    assert failed.payload.reason == f"pod {name} ended with no exit code: Evicted The node was low on resource: memory."
+
+
 def test_pending_past_the_timeout_is_a_failed_launch(server, launchers):
     d = _driver(server, launchers, pending_timeout_s=0.3)
     kubelet = Kubelet(server)
