@@ -187,6 +187,12 @@ def test_agent_daemonset_runs_on_gpu_nodes_only(rendered):
     assert default["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
+def image_of(c: dict) -> str:
+    """The agent's own image: its pods' init container writes the contract files with it."""
+    assert c["image"].startswith("ghcr.io/") or ":" in c["image"]
+    return c["image"]
+
+
 def test_agent_command(rendered):
     c = container(one(rendered["full"], "DaemonSet", "rubick-agent")["spec"]["template"]["spec"])
     assert c["command"] == ["rubick"]
@@ -195,7 +201,8 @@ def test_agent_command(rendered):
         "--creds", "/var/run/rubick/agents/agent-$(NODE_NAME).nk", "--reporter-secret", "train-seeds",
         "--pod-label", "kueue.x-k8s.io/queue-name=team-a", "--pod-label", "kai.scheduler/queue=research",
         "--pod-label", "cost-center=42", "--pod-label", "team=vision",
-        "--pending-timeout", "600", "--state-dir", "/var/lib/rubick-agent", "--data-dir", "/tmp/rubick",
+        "--pending-timeout", "600", "--contract-image", image_of(c), "--stop-timeout", "300",
+        "--state-dir", "/var/lib/rubick-agent", "--data-dir", "/tmp/rubick",
         "--log-level", "warning"]
     # defaults: jobs in the release namespace, the reporter Secret named after the prefix, no queues
     c = container(one(rendered["defaults"], "DaemonSet", "rubick-agent")["spec"]["template"]["spec"])
