@@ -80,6 +80,14 @@ def api_reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def ready_time(stamp: Any, seen_at: float) -> float:
+    """When a pod became Ready. Its condition's time has whole seconds (the transition happened within the
+    second after it); the watch saw it a few milliseconds after the fact, or much later for a pod adopted
+    after a restart: the earlier of the two bounds."""
+    t = parse_time(stamp)
+    return seen_at if t is None else min(seen_at, t + 1.0) if seen_at >= t else t
+
+
 def parse_time(text: Any) -> float | None:
     """RFC 3339 as the API writes it (`2024-05-01T10:00:00Z`) as a Unix time; None when unreadable."""
     if not isinstance(text, str) or not text:
@@ -329,7 +337,7 @@ class KubernetesLauncher:
         ready = _condition(pod, "Ready")
         if not p.first_iteration_seen and ready and ready.get("status") == "True":
             p.first_iteration_seen = True
-            facts.append(FirstIteration(p.job_id, p.attempt, parse_time(ready.get("lastTransitionTime")) or now))
+            facts.append(FirstIteration(p.job_id, p.attempt, ready_time(ready.get("lastTransitionTime"), now)))
         phase = _get(pod, "status", "phase")
         if phase in ENDED:
             return facts + self._ended(p, pod, now)
