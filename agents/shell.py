@@ -180,25 +180,32 @@ class AgentShell:
         """Carry out the core's actions; launching may lead to more (a failed launch frees devices)."""
         while actions := self.core.take_actions():
             for a in actions:
-                if isinstance(a, Launch):
-                    try:
-                        self.launcher.launch(a)
-                        fact = Started(a.job.job_id, a.attempt, time.time())
-                    except LaunchError as exc:
-                        fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), str(exc))
-                    except Exception as exc:  # an unforeseen failure is a failed launch too
-                        log.exception("agent %s: launching %s failed", self.node, a.job.job_id)
-                        fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), f"{type(exc).__name__}: {exc}")
+                fact = carry_out(self.launcher, a, self.node)
+                if fact is not None:
                     await self._observe(fact)
-                    continue
-                try:
-                    if isinstance(a, Stop):
-                        self.launcher.request_stop(a.job_id, a.attempt)
-                    elif isinstance(a, Kill):
-                        self.launcher.kill(a.job_id)
-                        self.launcher.forget(a.job_id)
-                except Exception:  # the process is watched on: its exit is reported when it comes
-                    log.exception("agent %s: %s of %s failed", self.node, type(a).__name__, a.job_id)
+
+
+def carry_out(launcher: Launcher, a, node: str = "") -> Started | LaunchFailed | None:  # noqa: ANN001
+    """One action of the core on the launcher. A launch answers with its fact (started, or failed with the
+    reason); a stop or kill that fails is logged (the job is watched on: its exit is reported when it comes)."""
+    if isinstance(a, Launch):
+        try:
+            launcher.launch(a)
+            return Started(a.job.job_id, a.attempt, time.time())
+        except LaunchError as exc:
+            return LaunchFailed(a.job.job_id, a.attempt, time.time(), str(exc))
+        except Exception as exc:  # an unforeseen failure is a failed launch too
+            log.exception("agent %s: launching %s failed", node, a.job.job_id)
+            return LaunchFailed(a.job.job_id, a.attempt, time.time(), f"{type(exc).__name__}: {exc}")
+    try:
+        if isinstance(a, Stop):
+            launcher.request_stop(a.job_id, a.attempt)
+        elif isinstance(a, Kill):
+            launcher.kill(a.job_id)
+            launcher.forget(a.job_id)
+    except Exception:
+        log.exception("agent %s: %s of %s failed", node, type(a).__name__, a.job_id)
+    return None
 
 
 def state_dir_for(base: Path, node: str) -> Path:

@@ -8,10 +8,10 @@ from typing import Any, Callable
 
 import kubernetes
 
-from agents.core import AgentCore, Exited, Kill, Launch, LaunchFailed, Started, Stop
+from agents.core import AgentCore, Exited, LaunchFailed
 from agents.kube.launcher import KubernetesLauncher
 from agents.kube.manifests import PodSettings
-from agents.launcher import LaunchError
+from agents.shell import carry_out
 from agents.node import NodeCapacity
 from controlplane.events import (Decision, JobSubmitted, ModelRef, NodeRegistered, NodeShare, Plan, PlanDecided,
                                  Resources, make)
@@ -114,21 +114,14 @@ class Driver:
         self.act()
 
     def act(self) -> None:
+        """The core's actions on the launcher, as the agent shell carries them out."""
         while actions := self.core.take_actions():
             for a in actions:
-                if isinstance(a, Launch):
-                    try:
-                        self.launcher.launch(a)
-                        fact = Started(a.job.job_id, a.attempt, time.time())
-                    except LaunchError as exc:
-                        self.failed_launches.append(str(exc))
-                        fact = LaunchFailed(a.job.job_id, a.attempt, time.time(), str(exc))
+                fact = carry_out(self.launcher, a, self.core.node)
+                if isinstance(fact, LaunchFailed):
+                    self.failed_launches.append(fact.reason)
+                if fact is not None:
                     self.events += self.core.observe(fact)
-                elif isinstance(a, Stop):
-                    self.launcher.request_stop(a.job_id, a.attempt)
-                elif isinstance(a, Kill):
-                    self.launcher.kill(a.job_id)
-                    self.launcher.forget(a.job_id)
 
     def watch(self) -> list:
         facts = self.launcher.poll()
