@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The rubick image: the control-plane services (`rubick service ...`), the node agent (`rubick agent`) and the
-# bootstrap step (`rubick auth bootstrap`), as charts/rubick runs them. CPU build of torch (the agent's
-# checkpoint helpers import it; training runs in the jobs' own images).
+# bootstrap step (`rubick auth bootstrap`), as charts/rubick runs them, and the example trainer with DeepSpeed for
+# jobs without a workload of their own (docs/workloads.md; a job's own image runs its own code). CPU build of
+# torch: GPU nodes that run the example trainer need an image built FROM a CUDA torch instead.
 #
 #   docker build -t rubick-controlplane:0.1.0 .
 
@@ -27,7 +28,7 @@ COPY replay ./replay
 COPY data ./data
 # model specs (examples/models), the example trainer and jobs the agent and `rubick demo` use
 COPY examples ./examples
-RUN pip install -e . \
+RUN pip install -e ".[train]" \
  && python -m compileall -q /opt/rubick/src \
  && rubick --help >/dev/null
 
