@@ -112,6 +112,11 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        # on Kubernetes the chart's bootstrap Job makes the stream after the agents start: wait for it
+        if not await bus.wait_for_stream(stop, lambda why: print(
+                f"agent {args.node} waiting for the deployment's bootstrap (`rubick auth bootstrap`): {why}",
+                flush=True)):
+            return 0
         task = asyncio.create_task(shell.run(stop))
         ready = asyncio.create_task(shell.ready.wait())
         await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)

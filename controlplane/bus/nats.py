@@ -352,6 +352,25 @@ class JetStreamBus(Bus):
             except Exception:  # the connection may be gone; the consumer expires by itself
                 pass
 
+    async def wait_for_stream(self, stop: asyncio.Event, on_wait=None, every_s: float = 2.0) -> bool:
+        """Wait until the stream exists (made by the deployment's bootstrap, which an identity that may only
+        use it cannot do itself). `on_wait(text)` is called once when it has to wait. False when `stop` is
+        set first."""
+        said = False
+        while not stop.is_set():
+            try:
+                await self.js.stream_info(self.stream)
+                return True
+            except nats.js.errors.NotFoundError:
+                if not said and on_wait is not None:
+                    on_wait(f"the stream {self.stream} does not exist yet")
+                said = True
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
+        return False
+
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.stream)
         return int(info.state.last_seq)

@@ -154,6 +154,7 @@ def _init(args) -> int:
 def _bootstrap(args) -> int:
     from ..auth import find_credentials
     from ..bus.nats import JetStreamBus
+    from ..lease import ensure_lease_bucket
 
     url = resolve_nats_url(args.nats_url, args.data_dir)
     credentials = find_credentials(Identity("admin"), creds=args.creds, data_dir=args.data_dir, tls_ca=args.tls_ca,
@@ -162,12 +163,8 @@ def _bootstrap(args) -> int:
     async def main() -> int:
         bus = await JetStreamBus.connect(url, name="rubick-bootstrap", credentials=credentials, replicas=args.replicas)
         try:
-            try:
-                from ..lease import ensure_lease_bucket
-            except ImportError:
-                ensure_lease_bucket = None
-            if ensure_lease_bucket is not None:
-                await ensure_lease_bucket(bus.js)
+            # the stream first (connect made it), then the bucket: a service waiting for the bucket finds both
+            await ensure_lease_bucket(bus.js, replicas=args.replicas)
             print(f"stream {bus.stream} ready on {redact_url(url)}", flush=True)
         finally:
             await bus.close()

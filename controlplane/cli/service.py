@@ -18,8 +18,8 @@ from typing import Any
 
 from ..bus.nats import JetStreamBus
 from ..events import encode
-from ..lease import (DEFAULT_TTL_S, Lease, bucket_terms, ensure_lease_bucket, lease_bucket, replica_id,
-                     run_replicated)
+from ..lease import (DEFAULT_TTL_S, Lease, LeaseBucketMissing, bucket_terms, ensure_lease_bucket, lease_bucket,
+                     replica_id, run_replicated)
 from ..recorder.service import RecorderConfig, stream_token
 from ..replicas import LeasedBus, LeasedRecorder, LeasedShell
 from ..ticker import run_ticker
@@ -85,7 +85,9 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     if args.metrics_port >= 0:
         metrics.serve(args.metrics_port, args.metrics_host)
     try:
-        kv = await (ensure_lease_bucket(bus.js, args.lease_ttl) if bootstrap else lease_bucket(bus.js))
+        kv = await (ensure_lease_bucket(bus.js, args.lease_ttl) if bootstrap else _bootstrapped(bus, args.name, stop))
+        if kv is None:  # stopped while waiting
+            return 0
         lease = Lease(kv, args.name, replica_id(), await bucket_terms(kv))
         term = _Term(args, url, bus)
         await term.prepare()
@@ -98,6 +100,26 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     finally:
         await bus.close()
     return 0
+
+
+async def _bootstrapped(bus: JetStreamBus, name: str, stop: asyncio.Event, every_s: float = 2.0):
+    """The lease bucket, once the deployment's bootstrap has made it (after the stream). A service with its
+    role's credentials may not make either, and may start first: on Kubernetes the chart's bootstrap Job
+    runs after the Deployments are up. It waits, saying so once, rather than exit and restart; None when
+    stopped meanwhile."""
+    said = False
+    while not stop.is_set():
+        try:
+            return await lease_bucket(bus.js)
+        except LeaseBucketMissing as exc:
+            if not said:
+                print(f"{name} waiting for the deployment's bootstrap (`rubick auth bootstrap`): {exc}", flush=True)
+                said = True
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except TimeoutError:
+            pass
+    return None
 
 
 class _Term:

@@ -1,6 +1,6 @@
 """A deployment of separate `rubick service` processes, each with its own role's credentials only (as on
-Kubernetes), against a real nats-server that requires them: the bootstrap identity creates the stream
-and the lease bucket, and then every service does its work with no permission refused; a submitter's
+Kubernetes), against a real nats-server that requires them: the services wait until the bootstrap identity
+has created the stream and the lease bucket, and then every service does its work with no permission refused; a submitter's
 bad job is answered, a node's registration and a job's submission lead to a decision, and the log
 holds it all."""
 
@@ -18,6 +18,7 @@ from controlplane.eventlog import scan
 from controlplane.events import Plan, encode, make
 from controlplane.natsserver import NatsServer
 
+from ..faults.harness import Proc
 from ..policy.helpers import job, node
 from ..replay.test_replicas import Replica
 
@@ -28,18 +29,31 @@ async def test_every_service_works_with_only_its_roles_permissions(tmp_path, cap
     store = AuthStore(tmp_path / "auth")
     store.init()
     store.add(Identity("agent", "n0"))
+    store.add(Identity("agent", "n1"))
     server = NatsServer(tmp_path / "nats", config_file=store.write_server_config()).start()
     replicas: list[Replica] = []
+    early_agent: Proc | None = None
     try:
-        assert await asyncio.to_thread(main, ["auth", "bootstrap", "--nats-url", server.url,
-                                              "--creds", str(store.seed_file(Identity("admin")))]) == 0
-        assert "stream RUBICK ready" in capsys.readouterr().out
+        # the services start first and wait, as on Kubernetes, where the chart's bootstrap Job runs after them
         for name in ("recorder", "admission", "clock", "modeler", "policy"):
             extra = ["--log-dir", str(tmp_path / "events"), "--roll-seconds", "0.3"] if name == "recorder" else \
                 ["--tick-period", "1"] if name == "clock" else []
             replicas.append(Replica(server.url, name, "--creds", str(store.seed_file(Identity(name))), *extra))
+        early_agent = Proc("agent", ["agent", "--nats-url", server.url, "--node", "n1", "--cpu-devices", "1",
+                                     "--creds", str(store.seed_file(Identity("agent", "n1"))),
+                                     "--state-dir", str(tmp_path / "agent-n1"), "--log-level", "warning"])
+        for r in replicas:
+            await r.said("waiting for the deployment's bootstrap", timeout=120)
+        await early_agent.said("agent n1 waiting for the deployment's bootstrap", timeout=120)
+        assert all(r.proc.poll() is None for r in replicas), "a service waits for the bootstrap, it does not exit"
+        assert early_agent.proc.poll() is None, "so does an agent"
+        assert await asyncio.to_thread(main, ["auth", "bootstrap", "--nats-url", server.url,
+                                              "--creds", str(store.seed_file(Identity("admin")))]) == 0
+        assert "stream RUBICK ready" in capsys.readouterr().out
         for r in replicas:
             await r.said("ready", timeout=120)
+        await early_agent.said("agent n1 ready", timeout=120)
+        early_agent.stop()
 
         agent = await JetStreamBus.connect(server.url, create_stream=False,
                                            credentials=Credentials(store.seed_file(Identity("agent", "n0"))))
@@ -67,6 +81,8 @@ async def test_every_service_works_with_only_its_roles_permissions(tmp_path, cap
             await asyncio.sleep(0.1)
         assert {"plan.decided", "run.described", "clock.tick", "job.rejected", "node.registered.n0"} <= subjects
     finally:
+        if early_agent is not None:
+            early_agent.stop()
         for r in replicas:
             r.proc.terminate()
         for r in replicas:
