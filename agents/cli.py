@@ -44,6 +44,9 @@ def register(sub: Any) -> None:
                    help="kubeconfig file (default: the in-cluster service account, else ~/.kube/config)")
     k.add_argument("--reporter-secret", default=None, metavar="NAME",
                    help="Secret whose item reporter-<node>.nk the pods' ranks report iterations with")
+    k.add_argument("--pod-tls-ca-secret", default=None, metavar="NAME[:KEY]",
+                   help="Secret in the jobs' namespace with the NATS server's CA (key ca.crt unless given), "
+                        "for the pods' reporter")
     k.add_argument("--pod-label", action="append", default=[], metavar="KEY=VALUE",
                    help="label added to every pod (kueue.x-k8s.io/queue-name=Q, kai.scheduler/queue=Q, ...); "
                         "repeatable")
@@ -133,6 +136,14 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+def tls_ca_settings(value: str | None) -> dict[str, str]:
+    """`--pod-tls-ca-secret NAME[:KEY]` as PodSettings fields."""
+    if not value:
+        return {}
+    name, _, key = value.partition(":")
+    return {"tls_ca_secret": name, "tls_ca_key": key or "ca.crt"}
+
+
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -193,6 +204,7 @@ def kubernetes_launcher(args: argparse.Namespace, url: str, run_extra: dict):
                            contract_image=args.contract_image or os.environ.get("RUBICK_IMAGE") or None,
                            trainer=args.pod_trainer or DEFAULT_TRAINER, nats_url=url,
                            reporter_secret=args.reporter_secret, pod_labels=pod_labels(args.pod_label),
+                           **tls_ca_settings(args.pod_tls_ca_secret),
                            image_pull_secrets=tuple(args.image_pull_secret), gpu_resource=not args.no_gpu_resource,
                            run_extra=run_extra)
     launcher = KubernetesLauncher(api, args.node, settings, stop_timeout_s=args.stop_timeout,

@@ -41,6 +41,7 @@ STOP_ANN = contract.STOP_ANNOTATION
 CONTRACT_DIR = "/var/run/rubick"
 PODINFO_DIR = "/etc/rubick/podinfo"
 CREDS_DIR = f"{CONTRACT_DIR}/creds"
+TLS_DIR = f"{CONTRACT_DIR}/tls"
 CHECKPOINT_MOUNT = f"{CONTRACT_DIR}/checkpoint"
 TERMINATION_LOG = "/dev/termination-log"
 RDZV_PORT = 29400
@@ -49,6 +50,7 @@ TORCHRUN_ARGS_ENV = "RUBICK_TORCHRUN_ARGS"
 """How the ranks are to be started (space-separated torchrun arguments), for an image whose entrypoint
 starts torchrun itself (a workload with no command)."""
 CREDS_ENV = "RUBICK_NATS_CREDS"
+TLS_CA_ENV = "RUBICK_NATS_TLS_CA"
 DEFAULT_TRAINER = "/opt/rubick/src/examples/trainer/train.py"
 """The example trainer in the agent's image (the Dockerfile installs the repository at /opt/rubick/src)."""
 FATAL_WAITING = ("InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError")
@@ -68,6 +70,10 @@ class PodSettings:
     nats_url: str | None = None
     reporter_secret: str | None = None
     """Secret holding `reporter-<node>.nk` per node: mounted as the ranks' NATS credentials."""
+    tls_ca_secret: str | None = None
+    """Secret (in the jobs' namespace) holding the CA of the NATS server's certificate, key `tls_ca_key`:
+    mounted for the ranks' reporter (`RUBICK_NATS_TLS_CA`)."""
+    tls_ca_key: str = "ca.crt"
     pod_labels: dict[str, str] = field(default_factory=dict)
     """Added to every pod (queue labels of Kueue or KAI, cost centres, ...)."""
     image_pull_secrets: tuple[str, ...] = ()
@@ -223,6 +229,11 @@ def pod_manifest(a: Launch, node: str, settings: PodSettings) -> dict[str, Any]:
         mounts.append({"name": "creds", "mountPath": CREDS_DIR, "readOnly": True})
         volumes.append({"name": "creds", "secret": {"secretName": settings.reporter_secret, "defaultMode": 0o440,
                                                     "items": [{"key": f"reporter-{node}.nk", "path": "creds.nk"}]}})
+    if settings.tls_ca_secret:
+        env[TLS_CA_ENV] = f"{TLS_DIR}/ca.crt"
+        mounts.append({"name": "nats-ca", "mountPath": TLS_DIR, "readOnly": True})
+        volumes.append({"name": "nats-ca", "secret": {"secretName": settings.tls_ca_secret, "defaultMode": 0o444,
+                                                      "items": [{"key": settings.tls_ca_key, "path": "ca.crt"}]}})
     main: dict[str, Any] = {"name": TRAIN}
     if workload is not None:
         main["image"] = workload.image

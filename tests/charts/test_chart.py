@@ -444,6 +444,11 @@ def test_tls_ca_in_every_component(rendered):
             assert volume["secretName"] == "rubick-nats-ca" and volume["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
     for kind_name, spec in pod_specs(rendered["defaults"]):
         assert "RUBICK_NATS_TLS_CA" not in env_of(container(spec))
+    # the training pods' reporters trust the same CA (its Secret in the jobs' namespace)
+    args = container(one(rendered["tls-external"], "DaemonSet", "rubick-agent")["spec"]["template"]["spec"])["args"]
+    assert args[args.index("--pod-tls-ca-secret") + 1] == "rubick-nats-ca:ca.crt"
+    args = container(one(rendered["defaults"], "DaemonSet", "rubick-agent")["spec"]["template"]["spec"])["args"]
+    assert "--pod-tls-ca-secret" not in args
 
 
 def test_tls_secret_must_reach_the_nats_chart():

@@ -51,6 +51,20 @@ def test_label_values_for_long_or_odd_node_names():
     assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", value)
 
 
+def test_pods_trust_the_nats_servers_ca_when_told():
+    from agents.cli import tls_ca_settings
+    pod = m.pod_manifest(launch(), "n0", settings(**tls_ca_settings("nats-ca:tls.ca")))
+    main = pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    assert env["RUBICK_NATS_TLS_CA"] == "/var/run/rubick/tls/ca.crt"
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "nats-ca")
+    assert vol["secret"]["secretName"] == "nats-ca" and vol["secret"]["items"] == [{"key": "tls.ca", "path": "ca.crt"}]
+    assert {"name": "nats-ca", "mountPath": "/var/run/rubick/tls", "readOnly": True} in main["volumeMounts"]
+    plain = m.pod_manifest(launch(), "n0", settings())
+    assert "RUBICK_NATS_TLS_CA" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    assert tls_ca_settings("nats-ca") == {"tls_ca_secret": "nats-ca", "tls_ca_key": "ca.crt"}
+
+
 def test_pod_of_a_workload_with_a_command():
     pod = m.pod_manifest(launch(), "n0", settings(reporter_secret="reporters", image_pull_secrets=("regcred",),
                                                   pod_labels={"kueue.x-k8s.io/queue-name": "team-a"}))
