@@ -97,6 +97,29 @@ def _refusal_text(url: str, exc: Exception, credentials: Credentials | None) -> 
     return text
 
 
+class Missing(Exception):
+    """What `until_made` waits for is not there yet (the text says what)."""
+
+
+async def until_made(make, stop: asyncio.Event, on_wait=None, every_s: float = 2.0, missing=(Missing,)):
+    """`await make()` again every `every_s` seconds while it raises one of `missing` (something another
+    component is to create first), calling `on_wait(str(exc))` the first time; its result, or None when
+    `stop` is set first."""
+    said = False
+    while not stop.is_set():
+        try:
+            return await make()
+        except missing as exc:
+            if not said and on_wait is not None:
+                on_wait(str(exc))
+            said = True
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except TimeoutError:
+            pass
+    return None
+
+
 def redact_url(url: str) -> str:
     """A server URL fit to print: any user, password or token in it replaced by `***`."""
     out = []
@@ -356,20 +379,12 @@ class JetStreamBus(Bus):
         """Wait until the stream exists (made by the deployment's bootstrap, which an identity that may only
         use it cannot do itself). `on_wait(text)` is called once when it has to wait. False when `stop` is
         set first."""
-        said = False
-        while not stop.is_set():
+        async def probe() -> bool:
             try:
-                await self.js.stream_info(self.stream)
-                return True
+                return bool(await self.js.stream_info(self.stream))
             except nats.js.errors.NotFoundError:
-                if not said and on_wait is not None:
-                    on_wait(f"the stream {self.stream} does not exist yet")
-                said = True
-            try:
-                await asyncio.wait_for(stop.wait(), every_s)
-            except TimeoutError:
-                pass
-        return False
+                raise Missing(f"the stream {self.stream} does not exist yet") from None
+        return bool(await until_made(probe, stop, on_wait, every_s))
 
     async def last_seq(self) -> int:
         info = await self.js.stream_info(self.stream)

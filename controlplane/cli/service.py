@@ -26,7 +26,7 @@ from ..ticker import run_ticker
 from .. import metrics
 from ..auth import Identity
 from .common import add_nats_args, credentials_for, run_against_nats
-from ..bus.nats import redact_url
+from ..bus.nats import redact_url, until_made
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
 
@@ -102,24 +102,14 @@ async def _run(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-async def _bootstrapped(bus: JetStreamBus, name: str, stop: asyncio.Event, every_s: float = 2.0):
+async def _bootstrapped(bus: JetStreamBus, name: str, stop: asyncio.Event):
     """The lease bucket, once the deployment's bootstrap has made it (after the stream). A service with its
     role's credentials may not make either, and may start first: on Kubernetes the chart's bootstrap Job
     runs after the Deployments are up. It waits, saying so once, rather than exit and restart; None when
     stopped meanwhile."""
-    said = False
-    while not stop.is_set():
-        try:
-            return await lease_bucket(bus.js)
-        except LeaseBucketMissing as exc:
-            if not said:
-                print(f"{name} waiting for the deployment's bootstrap (`rubick auth bootstrap`): {exc}", flush=True)
-                said = True
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-        except TimeoutError:
-            pass
-    return None
+    return await until_made(lambda: lease_bucket(bus.js), stop, lambda why: print(
+        f"{name} waiting for the deployment's bootstrap (`rubick auth bootstrap`): {why}", flush=True),
+        missing=(LeaseBucketMissing,))
 
 
 class _Term:
