@@ -1,18 +1,22 @@
 """`rubick explain JOB`: why the policy gave a job its allocation and plan.
 
-The policy core is rebuilt from the cluster's event log (the recorder's Parquet files, by default
-those of the local `rubick up`): every recorded input is fed to a fresh core, which reproduces the
-live decisions, then the core is asked about the job.
+The policy core is rebuilt from the cluster's events (the running `rubick up`'s stream, found as `rubick
+status` finds it, or a recorded event log with --log): every input is fed to a fresh core, which
+reproduces the live decisions, then the core is asked about the job.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
+import sys
 from pathlib import Path
 
-from controlplane.cli.common import fail
-from controlplane.runtime import DEFAULT_DATA_DIR
+from controlplane.bus.nats import redact_url
+from controlplane.cli.common import add_nats_args, credentials_for, fail
+from controlplane.runtime import read_endpoints, resolve_nats_url
 
 from .registry import POLICIES
 
@@ -20,8 +24,9 @@ from .registry import POLICIES
 def register(sub) -> None:
     p = sub.add_parser("explain", help="why a job got its allocation and plan (curves, min_res, plans considered)")
     p.add_argument("job", help="job id")
-    p.add_argument("--log", type=Path, help="event-log folder (default: <data-dir>/events)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="local control plane folder")
+    p.add_argument("--log", type=Path, help="event-log folder (default: the running `rubick up`'s stream, as "
+                                            "`rubick status` reads it, else <data-dir>/events)")
+    add_nats_args(p)
     p.add_argument("--policy", choices=POLICIES, help="policy to explain with (default: the one that decided)")
     p.add_argument("--restart-cost", type=float, default=78.0, help="seconds per reconfiguration (default 78)")
     p.add_argument("--json", action="store_true", help="print plain data instead of text")
@@ -51,13 +56,27 @@ def run(args: argparse.Namespace) -> int:
 
     from .explain import explain_job, render
 
-    log_dir = args.log or Path(args.data_dir) / "events"
-    if not Path(log_dir).is_dir():
-        return fail(f"no event log at {log_dir} (give --log DIR)")
-    log = read_events(log_dir)
-    for path, why in log.problems:
-        print(f"warning: skipped {path}: {why}")
-    core = core_from_log(log.events, args.policy, args.restart_cost)
+    events = None
+    if args.log is None and (args.nats_url or os.environ.get("RUBICK_NATS_URL") or read_endpoints(args.data_dir)):
+        # the running deployment, as `rubick status` finds it: its stream holds everything, even what the
+        # recorder has not written yet
+        from controlplane.auth import Identity
+        from controlplane.cli.status import live_events
+        url = resolve_nats_url(args.nats_url, args.data_dir)
+        try:
+            events = asyncio.run(asyncio.wait_for(live_events(url, credentials_for(args, Identity("submitter"))), 60))
+        except Exception as exc:  # noqa: BLE001 - any failure falls back to the recorded log, said
+            print(f"rubick: cannot read the live stream at {redact_url(url)} ({exc}); reading the event log",
+                  file=sys.stderr)
+    if events is None:
+        log_dir = args.log or Path(args.data_dir) / "events"
+        if not Path(log_dir).is_dir():
+            return fail(f"no running `rubick up` found and no event log at {log_dir} (give --log DIR or --nats-url)")
+        log = read_events(log_dir)
+        for path, why in log.problems:
+            print(f"warning: skipped {path}: {why}", file=sys.stderr)
+        events = log.events
+    core = core_from_log(events, args.policy, args.restart_cost)
     try:
         info = explain_job(core, args.job, core.state.time)
     except KeyError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMAND_MODULES = (
@@ -41,16 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _deepest(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)command parser the words of `argv` lead to: `rubick log show ...` -> the `show` parser."""
+    for word in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and word in subs[0].choices:
+            parser = subs[0].choices[word]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(words)
+    if extra:  # a mistyped flag: the usage of the command it was given to, not the top level's
+        _deepest(parser, words).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
-        parser.print_help()
+        _deepest(parser, words).print_help()
         return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rubick log show ... | head`: the reader has all it wants
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
+        return 141
 
 
 if __name__ == "__main__":

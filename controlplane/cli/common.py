@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
 from ..auth import AuthError, Credentials, Identity, find_credentials
 from ..bus.nats import redact_url
 from ..lease import LeaseBucketMissing
-from ..runtime import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
+from ..runtime import DEFAULT_DATA_DIR, ENDPOINTS, read_endpoints, resolve_nats_url
 
 
 def add_nats_args(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,23 @@ def credentials_for(args: argparse.Namespace, identity: Identity) -> Credentials
     folder of a `rubick up` on this machine."""
     return find_credentials(identity, creds=args.creds, data_dir=args.data_dir, tls_ca=args.tls_ca,
                             tls_cert=args.tls_cert, tls_key=args.tls_key, endpoints=read_endpoints(args.data_dir))
+
+
+def nats_url_for_client(args: argparse.Namespace) -> str | None:
+    """The server a client command talks to: --nats-url, $RUBICK_NATS_URL, or the running `rubick up` of
+    --data-dir. With none of them, a --data-dir given by hand is an error (its `rubick up` is not running,
+    or never ran: None, after saying so); the default folder falls back to nats://127.0.0.1:4222, and
+    says so on stderr."""
+    if args.nats_url or os.environ.get("RUBICK_NATS_URL") or (read_endpoints(args.data_dir) or {}).get("nats_url"):
+        return resolve_nats_url(args.nats_url, args.data_dir)
+    if Path(args.data_dir) != DEFAULT_DATA_DIR:
+        fail(f"no running `rubick up` in {args.data_dir} (no {Path(args.data_dir) / ENDPOINTS}): start one with "
+             f"`rubick up --data-dir {args.data_dir}`, or name the server with --nats-url")
+        return None
+    url = resolve_nats_url(None, args.data_dir)
+    print(f"rubick: no --nats-url, $RUBICK_NATS_URL or running `rubick up` in {args.data_dir}: trying {url}",
+          file=sys.stderr)
+    return url
 
 
 def fail(message: str, code: int = 2) -> int:

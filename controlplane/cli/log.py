@@ -15,6 +15,7 @@ from ..bus.base import subject_matches
 from ..eventlog import check, scan
 from ..events import Invalid, decode
 from ..events.schema import to_plain
+from ..recorder.manifest import PREFIX, SUFFIX
 from .common import fail
 
 SHOWN = ["seq", "stored", "subject", "job_id", "node", "model_type", "iter_time_s", "plan", "error"]
@@ -80,7 +81,26 @@ def _report(problems) -> None:
         print(f"warning: {path}: {reason}", file=sys.stderr)
 
 
+def log_folder(path: Path) -> Path | None:
+    """The event log a path names: the folder or file itself, or the `events` folder of a data folder
+    (`rubick up`'s, or a simulated run's); None when it holds no log."""
+    def holds_log(folder: Path) -> bool:
+        return folder.is_dir() and (any(folder.glob("*.parquet")) or any(folder.glob(f"{PREFIX}*{SUFFIX}"))
+                                    or (folder / "run.json").exists())
+    path = Path(path)
+    if path.is_file() or holds_log(path):
+        return path
+    if holds_log(path / "events"):
+        return path / "events"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    found = log_folder(args.dir)
+    if found is None:
+        return fail(f"no event log in {args.dir}" + ("" if Path(args.dir).exists() else " (no such folder)")
+                    + ": give the events folder of a run (e.g. .rubick/events, runs/NAME/events)")
+    args.dir = found
     try:
         result = scan(args.dir)
         frame = filtered(result.frame, args)
@@ -89,11 +109,15 @@ def run(args: argparse.Namespace) -> int:
     _report(result.problems + check(args.dir))
     if args.verb == "stats":
         return _stats(frame, result)
+    matched = frame.height
     if args.verb == "tail":
         frame = frame.tail(args.limit) if args.limit else frame
     else:
         frame = frame.head(args.limit) if args.limit else frame
     _print_rows(frame, args.json)
+    if frame.height < matched:
+        print(f"{'last' if args.verb == 'tail' else 'first'} {frame.height} of {matched} rows "
+              f"(-n N for more, -n 0 for all)", file=sys.stderr)
     if args.verb == "tail" and args.follow:
         return _follow(args, int(frame["seq"].max() or 0) if frame.height else 0)
     return 0

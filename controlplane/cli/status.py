@@ -11,10 +11,9 @@ from ..bus.nats import JetStreamBus
 from ..eventlog import events as log_events
 from ..events import Invalid, decode
 from ..models import builtin_model_types
-from ..runtime import resolve_nats_url
 from ..state import ClusterState, fold
 from ..auth import AuthError, Identity
-from .common import add_nats_args, credentials_for, fail
+from .common import add_nats_args, credentials_for, fail, nats_url_for_client
 from ..bus.nats import redact_url
 
 
@@ -25,18 +24,27 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-async def live_state(url: str, credentials=None) -> ClusterState:
+async def live_events(url: str, credentials=None) -> list:
+    """Every decodable event in the running deployment's stream, in order (what `status` folds and
+    `explain` feeds to a policy core)."""
     bus = await JetStreamBus.connect(url, name="rubick-status", create_stream=False, credentials=credentials)
     try:
-        state = ClusterState(known_models=set(builtin_model_types()))
+        out = []
         async for d in bus.read((">",)):
             try:
-                state.apply(decode(d.data, d.subject))
+                out.append(decode(d.data, d.subject))
             except Invalid:
                 continue
-        return state
+        return out
     finally:
         await bus.close()
+
+
+async def live_state(url: str, credentials=None) -> ClusterState:
+    state = ClusterState(known_models=set(builtin_model_types()))
+    for e in await live_events(url, credentials):
+        state.apply(e)
+    return state
 
 
 def render(state: ClusterState) -> str:
@@ -75,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: {path}: {reason}", file=sys.stderr)
         state = fold(decoded.events, known_models=builtin_model_types())
     else:
-        url = resolve_nats_url(args.nats_url, args.data_dir)
+        url = nats_url_for_client(args)
+        if url is None:
+            return 2
         try:
             state = asyncio.run(asyncio.wait_for(live_state(url, credentials_for(args, Identity("submitter"))), 60))
         except AuthError as exc:

@@ -8,9 +8,8 @@ import json
 
 from ..client import Client, load_job
 from ..events import Invalid
-from ..runtime import resolve_nats_url
 from ..auth import AuthError, Identity
-from .common import add_nats_args, credentials_for, fail
+from .common import add_nats_args, credentials_for, fail, nats_url_for_client
 
 
 def register(sub) -> None:
@@ -31,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
             jobs.append((path, load_job(path)))
         except Invalid as exc:
             return fail(f"{path}: invalid job: {exc}")
-    url = resolve_nats_url(args.nats_url, args.data_dir)
+    url = nats_url_for_client(args)
+    if url is None:
+        return 2
     try:
         return asyncio.run(_submit(url, jobs, args.wait, args.json, credentials_for(args, Identity("submitter"))))
     except (ConnectionError, AuthError) as exc:

@@ -69,6 +69,8 @@ def test_up_submit_and_clean_shutdown(up, tmp_path):
     assert "rubick_handler_seconds" in metrics and "rubick_consumer_lag" in metrics
     status = rubick("status", "--nats-url", url, "--data-dir", rk)
     assert status.returncode == 0 and "gpt2-demo-1" in status.stdout and "bad-unknown-model" in status.stdout
+    explain = rubick("explain", "gpt2-demo-1", "--data-dir", rk)  # the running `rubick up`, found as status finds it
+    assert explain.returncode == 0 and "job gpt2-demo-1" in explain.stdout, explain.stderr
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped:" in out
