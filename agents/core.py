@@ -27,7 +27,7 @@ from typing import Any
 
 from controlplane.events import Decision, Event, NodeShare, Plan, Rejected, make
 from controlplane.events import payloads as p
-from controlplane.events.catalog import subject_node
+from controlplane.events.catalog import CONTROL, subject_node
 
 from .node import NodeCapacity
 from .plan_check import JobInfo, Refusal, TrainerLimits, check_decision, share_in, share_of
@@ -204,6 +204,8 @@ class AgentCore:
             self.jobs.setdefault(x.job_id, JobInfo(x.job_id, x.model.type, x.global_batch_size,
                                                    x.target_iterations, x.workload))
             return []
+        if base in CONTROL:
+            return []  # an owner's request: the policy's decision that follows is what the agent carries out
         if base.startswith("job.") and base != "job.rejected":
             if x.job_id in self.local and subject_node(event.subject) not in (None, self.node):
                 return []  # another node cannot speak for a job running here

@@ -3,7 +3,9 @@
 It folds the cluster state and applies `ClusterState.check_submission` (job id
 reused, unknown model type, more resources than the cluster has, TP wider than
 any node), and a node's report on a job that is not placed on that node
-(`ClusterState.refusal`); schema-level problems never reach it, the shell answers those.
+(`ClusterState.refusal`), and an owner's request that cannot apply (`job.cancel`, `job.suspend`,
+`job.resume` of an unknown, finished or other tenant's job: `ClusterState.control_refusal`);
+schema-level problems never reach it, the shell answers those.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from .events import Event, Rejected, make
+from .events.catalog import CONTROL
 from .state import ClusterState
 
 
@@ -32,7 +35,14 @@ class AdmissionCore:
                     subject="job.submitted", reason=reason, field=field, expected=expected, got=got,
                     event_id=event.id, job_id=sub.job_id), time=event.time, id=f"rej-{event.id}",
                     source=self.name))
-        refusal = self.state.refusal(event)
+        control = self.state.control_refusal(event) if event.base in CONTROL else None
+        if control is not None:
+            reason, field, expected, got = control
+            out.append(make("job.rejected", Rejected(
+                subject=event.subject, reason=reason, field=f"data.{field}", expected=expected, got=got,
+                event_id=event.id, job_id=event.payload.job_id), time=event.time, id=f"rej-{event.id}",
+                source=self.name))
+        refusal = self.state.refusal(event) if control is None and event.base not in CONTROL else None
         if refusal is not None:
             out.append(make("job.rejected", Rejected(
                 subject=event.subject, reason=refusal, field="subject", expected="a node the job is placed on",

@@ -27,6 +27,7 @@ import yaml
 from .auth import Credentials, Identity, find_credentials
 from .bus.nats import JetStreamBus, redact_url
 from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
+from .events.payloads import JobControl
 from .events.schema import to_plain
 
 
@@ -111,7 +112,34 @@ class Client:
         """Publish `job.submitted` and return its verdict as soon as it is known: its `job.rejected`, or
         None once every service that may refuse it has acknowledged it (each publishes a refusal before it
         acknowledges what it refused). `wait_s` bounds the wait (0: do not wait for a verdict)."""
-        event = submission(job, source=source)
+        return await self._judged(submission(job, source=source), wait_s)
+
+    async def cancel(self, job_id: str, *, tenant: str | None = None, reason: str = "", wait_s: float = 2.0,
+                     source: str = "client") -> SubmitResult:
+        """Ask for a job to be cancelled: its resources are freed at the policy's next round (at once), its
+        processes checkpoint and stop, and it ends `cancelled`. The verdict as for `submit`: a
+        `job.rejected` naming why (unknown job, already over, another tenant's), or None."""
+        return await self._control("job.cancel", job_id, tenant, reason, wait_s, source)
+
+    async def suspend(self, job_id: str, *, tenant: str | None = None, reason: str = "", wait_s: float = 2.0,
+                      source: str = "client") -> SubmitResult:
+        """Ask for a job to be held: its processes checkpoint and stop and it gets no resources until resumed."""
+        return await self._control("job.suspend", job_id, tenant, reason, wait_s, source)
+
+    async def resume(self, job_id: str, *, tenant: str | None = None, reason: str = "", wait_s: float = 2.0,
+                     source: str = "client") -> SubmitResult:
+        """Ask for a suspended job to be scheduled again; it resumes from its checkpoint."""
+        return await self._control("job.resume", job_id, tenant, reason, wait_s, source)
+
+    async def _control(self, subject: str, job_id: str, tenant: str | None, reason: str, wait_s: float,
+                       source: str) -> SubmitResult:
+        import time as _time
+        event = make(subject, build(JobControl, {"job_id": job_id, "tenant": tenant, "reason": reason}),
+                     time=_time.time(), id=new_id(subject.split(".")[1][:4] + "-"), source=source)
+        return await self._judged(event, wait_s)
+
+    async def _judged(self, event: Event, wait_s: float) -> SubmitResult:
+        """Publish `event` and wait (at most `wait_s`) for its verdict."""
         sub = await self.bus.nc.subscribe("job.rejected") if wait_s > 0 else None
         try:
             ack = await self.bus.publish(event.subject, encode(event), event.id)

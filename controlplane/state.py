@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .events import Event, NodeShare, Plan
-from .events.catalog import subject_node
+from .events.catalog import CONTROL, subject_node
 from .events import payloads as p
 
-JOB_STATES = ("queued", "running", "completed", "failed", "preempted")
+JOB_STATES = ("queued", "running", "completed", "failed", "preempted", "suspended", "cancelled")
 
 
 @dataclass
@@ -124,11 +124,33 @@ class ClusterState:
                         str(sub.plan.tp))
         return None
 
+    def control_refusal(self, event: Event) -> tuple[str, str, str, str] | None:
+        """(reason, field, expected, got) when an owner's request (`job.cancel`, `job.suspend`,
+        `job.resume`) cannot apply: an unknown job, one that is over, another tenant's, a suspended job
+        suspended again, a resume of a job that is not suspended. None: it applies."""
+        x = event.payload
+        job = self.jobs.get(x.job_id)
+        if job is None:
+            return ("unknown job", "job_id", "a job submitted and accepted", x.job_id)
+        if x.tenant is not None and x.tenant != job.tenant:
+            return (f"job {x.job_id} belongs to another tenant", "tenant", job.tenant, x.tenant)
+        if job.status in _FINAL:
+            return (f"job {x.job_id} is already {job.status}", "job_id", "a job not yet over", job.status)
+        if event.base == "job.suspend" and job.status == "suspended":
+            return (f"job {x.job_id} is already suspended", "job_id", "a job not suspended", job.status)
+        if event.base == "job.resume" and job.status != "suspended":
+            return (f"job {x.job_id} is not suspended", "job_id", "a suspended job", job.status)
+        return None
+
     def refusal(self, event: Event) -> str | None:
-        """Why a node's lifecycle event is refused (None: accepted): a job started, reconfigured,
-        completed, failed or preempted on a node (the subject's last part, `job.completed.<node>`)
-        where it is neither placed nor decided to be, or a job nobody submitted. A refused event
-        changes nothing in the fold; admission answers it with `job.rejected`."""
+        """Why an event is refused (None: accepted): an owner's request that cannot apply
+        (`control_refusal`), or a node's lifecycle event about a job started, reconfigured, completed,
+        failed or preempted on a node (the subject's last part, `job.completed.<node>`) where it is
+        neither placed nor decided to be, or a job nobody submitted. A refused event changes nothing in
+        the fold; admission answers it with `job.rejected`."""
+        if event.base in CONTROL:
+            why = self.control_refusal(event)
+            return why[0] if why is not None else None
         node = subject_node(event.subject)
         if node is None or event.base not in _LIFECYCLE:
             return None
@@ -163,7 +185,9 @@ class ClusterState:
                     self.open_jobs[job_id] = None
 
 
-_FINAL = frozenset({"completed", "failed"})
+_FINAL = frozenset({"completed", "failed", "cancelled"})
+_HELD = frozenset({"suspended", "cancelled"})
+"""States an owner's request put a job in: the agents' reports of its processes stopping keep it there."""
 _LIFECYCLE = frozenset({"job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted"})
 
 
@@ -183,7 +207,9 @@ def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
 
 def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:
     job = s.jobs.get(x.job_id)
-    if job is not None:
+    if job is not None and job.status in _HELD:  # started before the request reached its node: it stops next
+        job.plan, job.allocation = x.plan, x.allocation
+    elif job is not None:
         job.status, job.plan, job.allocation = "running", x.plan, x.allocation
         if job.started_at is None:
             job.started_at = t
@@ -192,7 +218,9 @@ def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:
 def _reconfigured(s: ClusterState, x: p.JobReconfigured, t: float) -> None:
     job = s.jobs.get(x.job_id)
     if job is not None:
-        job.status, job.plan, job.allocation = "running", x.plan, x.allocation
+        job.plan, job.allocation = x.plan, x.allocation
+        if job.status not in _HELD:
+            job.status = "running"
         job.reconfigurations += 1
         job.restart_cost_s += x.restart_cost_s
 
@@ -202,7 +230,8 @@ def _finished(status: str):
         job = s.jobs.get(x.job_id)
         if job is None:
             return
-        job.status, job.allocation = status, ()
+        held = job.status in _HELD and status == "preempted"  # its processes stopped as the owner asked
+        job.status, job.allocation = (job.status if held else status), ()
         job.decided_allocation = ()  # its resources are free again (the decided plan stays as history)
         if status == "completed":
             job.finished_at = t
@@ -213,6 +242,22 @@ def _finished(status: str):
         elif status == "preempted":
             job.iterations_done = max(job.iterations_done, x.iterations_done)
     return apply
+
+
+def _cancel(s: ClusterState, x: p.JobControl, t: float) -> None:
+    job = s.jobs[x.job_id]  # `refusal` made sure it is there
+    job.status, job.finished_at, job.failure = "cancelled", t, x.reason or "cancelled by its owner"
+    job.decided_allocation = ()  # its resources are free now; its processes stop at the withdrawal
+
+
+def _suspend(s: ClusterState, x: p.JobControl, t: float) -> None:
+    job = s.jobs[x.job_id]
+    job.status, job.decided_allocation = "suspended", ()
+
+
+def _resume(s: ClusterState, x: p.JobControl, t: float) -> None:
+    job = s.jobs[x.job_id]
+    job.status = "preempted" if job.started_at is not None else "queued"
 
 
 def _rejected(s: ClusterState, x: p.Rejected, t: float) -> None:
@@ -282,6 +327,9 @@ _HANDLERS = {
     "job.failed": _finished("failed"),
     "job.preempted": _finished("preempted"),
     "job.rejected": _rejected,
+    "job.cancel": _cancel,
+    "job.suspend": _suspend,
+    "job.resume": _resume,
     "node.registered": _node_registered,
     "node.heartbeat": _heartbeat,
     "node.lost": _node_lost,

@@ -1,7 +1,8 @@
 """The policy core: folds events, runs scheduling rounds, publishes `plan.decided`.
 
 A round runs on every accepted `job.submitted`, `job.completed`, `job.failed`, `node.registered`,
-`node.lost` and `model.updated`; a `clock.tick` runs one only when something changed since the
+`node.lost`, `model.updated` and owner's request (`job.cancel`, `job.suspend`, `job.resume`: a cancelled or
+suspended job's resources are withdrawn in that round, with the reason `cancelled` or `suspended`); a `clock.tick` runs one only when something changed since the
 last round (a preemption, a restart, new measurements), so an idle cluster costs nothing. A round's
 `plan.decided` lists only the jobs whose allocation or plan changed; nothing is published when
 nothing changed.
@@ -37,7 +38,9 @@ from .oracle import ModelOracle, Oracle
 from .plans import ALL_FAMILIES
 
 ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.registered", "node.lost",
-                       "model.updated"})
+                       "model.updated", "job.cancel", "job.suspend", "job.resume"})
+WITHDRAWN = {"cancelled": "cancelled", "suspended": "suspended"}
+"""Job states an owner's request put a job in -> the reason of the decision that takes its resources."""
 DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
 
 
@@ -130,6 +133,9 @@ class PolicyCore:
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
             self.dirty = True
+        if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
+            for table in (self.last, self.changed_at, self.ref_iter, self.progress):
+                table.pop(event.payload.job_id, None)
         return out
 
     def _may_wait(self, event: Event) -> bool:
@@ -247,6 +253,7 @@ class PolicyCore:
         jobs = [j for j in (self.job_in(js, event.time) for js in self.state.jobs_in("queued", "running",
                                                                                         "preempted")) if j]
         outcomes = self.engine.schedule(nodes, jobs) if nodes else []
+        outcomes += self._withdrawn()
         if getattr(self.engine, "held_back", False):
             self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
@@ -271,6 +278,16 @@ class PolicyCore:
                        source=self.name)
         self.state.apply(decided)
         return [decided]
+
+    def _withdrawn(self) -> list[Outcome]:
+        """Jobs cancelled or suspended by their owner that still hold resources: an empty allocation each
+        (the agents checkpoint and stop them)."""
+        out = []
+        for job_id in sorted(self.last):
+            job = self.state.jobs.get(job_id)
+            if job is not None and job.status in WITHDRAWN and self.last[job_id].shares:
+                out.append(Outcome(job_id, {}, None, 0.0, WITHDRAWN[job.status], {}))
+        return out
 
     def explain(self, job_id: str, t: float | None = None) -> dict:
         from .explain import explain_job

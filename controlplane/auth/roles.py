@@ -4,7 +4,8 @@ Each component connects as one NATS user of its role, authenticated by an nkey. 
 say which subjects it may publish and which it may subscribe to, in NATS's own terms (allow lists with
 `*` and `>` wildcards), so the server refuses everything else:
 
-- submitters publish only `job.submitted`;
+- submitters publish only `job.submitted` and their requests about jobs (`job.cancel`, `job.suspend`,
+  `job.resume`; admission checks the tenant named in them);
 - a node agent publishes only its own node's subjects (`job.started.<node>`, `node.heartbeat.<node>`,
   ...; the node id is the subject's last part) and a training process on the node (the reporter) only
   `metrics.iteration.<node>`;
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..events.catalog import NODE_SCOPED, STREAM_NAME
+from ..events.catalog import CONTROL, NODE_SCOPED, STREAM_NAME
 
 ROLES = ("admin", "recorder", "admission", "clock", "modeler", "policy", "agent", "reporter", "submitter")
 NODE_ROLES = frozenset({"agent", "reporter"})
@@ -87,7 +88,7 @@ def publish_subjects(identity: Identity) -> list[str]:
     if role == "admin":
         return [">"]
     if role == "submitter":
-        return ["job.submitted"]
+        return ["job.submitted", *sorted(CONTROL)]
     if role == "agent":
         return [f"{s}.{node}" for s in sorted(NODE_SCOPED)]
     if role == "reporter":

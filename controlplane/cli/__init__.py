@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "controlplane.cli.up",
     "controlplane.cli.submit",
+    "controlplane.cli.jobs",
     "controlplane.cli.schema",
     "controlplane.cli.log",
     "controlplane.cli.status",

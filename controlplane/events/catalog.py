@@ -12,6 +12,9 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "job.completed": (p.JobCompleted, 1),
     "job.failed": (p.JobFailed, 1),
     "job.preempted": (p.JobPreempted, 1),
+    "job.cancel": (p.JobControl, 1),
+    "job.suspend": (p.JobControl, 1),
+    "job.resume": (p.JobControl, 1),
     "node.registered": (p.NodeRegistered, 1),
     "node.heartbeat": (p.NodeHeartbeat, 1),
     "node.lost": (p.NodeLost, 1),
@@ -28,6 +31,9 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "run.rejected": (p.Rejected, 1),
 }
 """Catalogue subject -> (payload class, current schema version)."""
+
+CONTROL = frozenset({"job.cancel", "job.suspend", "job.resume"})
+"""An owner's requests about a job (submitters publish them; admission and the policy judge them alike)."""
 
 REJECTED_SUFFIX = ".rejected"
 

@@ -184,6 +184,17 @@ class JobReconfigured:
 
 
 @dataclass(frozen=True)
+class JobControl:
+    """An owner's request about a job (`job.cancel`, `job.suspend`, `job.resume`): admission refuses it
+    with `job.rejected` when the job is unknown, over, not in a state it applies to, or another tenant's."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    tenant: str | None = spec("the requester's tenant; when given it must be the job's owner", pattern=ID_PATTERN,
+                              max_len=128, default=None, example="team-a")
+    reason: str = spec("why, in the requester's words", max_len=500, default="", example="wrong dataset")
+
+
+@dataclass(frozen=True)
 class JobCompleted:
     """A job ran its target iterations."""
 

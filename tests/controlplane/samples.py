@@ -6,7 +6,7 @@ from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, J
                                  JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
                                  NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
                                  Resources, make)
-from controlplane.events.payloads import ModelDescription, RunDescribed
+from controlplane.events.payloads import JobControl, ModelDescription, RunDescribed
 
 PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
 ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
@@ -23,6 +23,9 @@ PAYLOADS = {
     "job.completed": JobCompleted(job_id="gpt2-0007", iterations=1000),
     "job.failed": JobFailed(job_id="gpt2-0007", reason="exit code 137", exit_code=137, log_tail="Killed"),
     "job.preempted": JobPreempted(job_id="gpt2-0007", reason="shrunk to zero", iterations_done=420),
+    "job.cancel": JobControl(job_id="gpt2-0007", tenant="team-a", reason="wrong dataset"),
+    "job.suspend": JobControl(job_id="gpt2-0007", tenant="team-a", reason="make room for a deadline"),
+    "job.resume": JobControl(job_id="gpt2-0007", tenant="team-a"),
     "node.registered": NodeRegistered(node="node-0", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
                                       gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0),
     "node.heartbeat": NodeHeartbeat(node="node-0", jobs=("gpt2-0007",)),

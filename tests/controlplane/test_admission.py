@@ -12,6 +12,7 @@ import pytest
 from controlplane.admission import AdmissionCore
 from controlplane.bus import MemoryBus
 from controlplane.events import Invalid, ModelRef, Resources, Plan, decode, encode, make
+from controlplane.events.catalog import CONTROL
 from controlplane.service import ServiceShell
 
 from .samples import NEW_SPEC, PAYLOADS, sample
@@ -145,11 +146,15 @@ async def test_a_retried_rejection_is_not_doubled():
 @pytest.mark.parametrize("subject", sorted(PAYLOADS))
 async def test_valid_events_pass_without_rejection(subject):
     bus = MemoryBus()
+    before = [sample("job.submitted")] if subject in CONTROL else []  # a request about a job needs the job
+    if subject == "job.resume":
+        before.append(sample("job.suspend"))
     e = sample(subject)
-    await bus.publish(e.subject, encode(e), e.id)
-    await run_shell(bus, 1)
+    for x in (*before, e):
+        await bus.publish(x.subject, encode(x), x.id)
+    await run_shell(bus, len(before) + 1)
     assert rejections(bus) == ([] if subject != "job.rejected" else [("job.rejected", e.payload)])
-    assert await bus.last_seq() == 1
+    assert await bus.last_seq() == len(before) + 1
 
 
 async def test_bad_workloads_are_refused_naming_the_field():

@@ -1,0 +1,56 @@
+"""`rubick cancel|suspend|resume JOB`: an owner's requests about a job, over the bus (docs/events.md).
+
+Admission refuses what cannot apply (an unknown job, one already over, another tenant's, suspending a
+suspended job, resuming one that is not suspended) with `job.rejected`; the command prints it and exits 1.
+Otherwise the policy takes the job's resources at once (cancel, suspend) or schedules it again (resume),
+and its agents checkpoint and stop its processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from ..auth import AuthError, Identity
+from ..client import Client
+from ..events import Invalid
+from .common import add_nats_args, credentials_for, fail, nats_url_for_client
+from .submit import _which
+
+VERBS = {"cancel": "cancelled: its resources are freed and its processes stop",
+         "suspend": "suspended: it checkpoints, stops and waits for `rubick resume`",
+         "resume": "resumed: it is scheduled again from its checkpoint"}
+
+
+def register(sub) -> None:
+    for verb, said in VERBS.items():
+        p = sub.add_parser(verb, help=f"{verb} a job (it is {said.split(':')[0]})")
+        p.add_argument("job", help="job id")
+        p.add_argument("--tenant", help="your tenant: the job must be its (admission checks it)")
+        p.add_argument("--reason", default="", help="why, recorded with the request")
+        p.add_argument("--wait", type=float, default=2.0, help="at most this many seconds to wait for the verdict")
+        add_nats_args(p)
+        p.set_defaults(func=run, verb=verb)
+
+
+def run(args: argparse.Namespace) -> int:
+    url = nats_url_for_client(args)
+    if url is None:
+        return 2
+    try:
+        return asyncio.run(_request(args, url))
+    except Invalid as exc:
+        return fail(f"{args.verb} {args.job}: {exc}")
+    except (ConnectionError, AuthError) as exc:
+        return fail(str(exc), 1)
+
+
+async def _request(args: argparse.Namespace, url: str) -> int:
+    async with await Client.connect(url, credentials=credentials_for(args, Identity("submitter"))) as client:
+        ask = getattr(client, args.verb)
+        result = await ask(args.job, tenant=args.tenant, reason=args.reason, wait_s=args.wait, source="rubick-cli")
+    if result.rejected is not None:
+        print(f"job {args.job}: {args.verb} REJECTED: {result.rejected.reason}{_which(result.rejected)}")
+        return 1
+    print(f"job {args.job} {VERBS[args.verb]} (event {result.event.id}, stream seq {result.seq})")
+    return 0
