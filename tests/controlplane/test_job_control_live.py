@@ -1,0 +1,85 @@
+"""`rubick suspend|resume|cancel` against a running `rubick up` with a simulated cluster (simulated node
+agents over the real bus and a real nats-server): the job stops, waits, runs again, ends cancelled; what
+cannot apply is refused with exit 1 and the reason; the log replays byte for byte."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "jobs" / "roberta-small.yaml"
+
+
+def rubick(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controlplane.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+
+
+def status_of(rk: Path, job_id: str) -> str:
+    res = rubick("status", "--data-dir", str(rk))
+    for line in res.stdout.splitlines():
+        words = line.split()
+        if words and words[0] == job_id:
+            return words[1]
+    return ""
+
+
+def until_status(rk: Path, job_id: str, want: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = status_of(rk, job_id)
+        if seen == want:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{job_id} is {seen!r}, not {want!r}")
+
+
+def test_suspend_resume_cancel_from_the_command_line(tmp_path):
+    rk = tmp_path / "rk"
+    up = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "up", "--data-dir", str(rk), "--port", "0",
+                           "--metrics-port", "-1", "--tick-period", "0.5", "--roll-seconds", "0.2",
+                           "--sim-cluster", "1x8", "--sim-speed", "20", "--restart-cost", "5"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        assert "ready in" in up.stdout.readline()
+        job_id = "roberta-demo-1"
+        assert rubick("submit", str(JOB), "--data-dir", str(rk)).returncode == 0
+        until_status(rk, job_id, "running")
+
+        res = rubick("suspend", job_id, "--data-dir", str(rk), "--reason", "make room")
+        assert res.returncode == 0 and "suspended" in res.stdout, res.stdout + res.stderr
+        until_status(rk, job_id, "suspended")
+        again = rubick("suspend", job_id, "--data-dir", str(rk))
+        assert again.returncode == 1 and f"job {job_id} is already suspended" in again.stdout, again.stdout
+
+        assert rubick("resume", job_id, "--data-dir", str(rk)).returncode == 0
+        until_status(rk, job_id, "running")
+
+        other = rubick("cancel", job_id, "--data-dir", str(rk), "--tenant", "team-z")
+        assert other.returncode == 1 and "belongs to another tenant" in other.stdout and "data.tenant" in other.stdout
+        assert rubick("cancel", job_id, "--data-dir", str(rk), "--tenant", "team-b").returncode == 0
+        until_status(rk, job_id, "cancelled")
+        late = rubick("cancel", job_id, "--data-dir", str(rk))
+        assert late.returncode == 1 and "is already cancelled" in late.stdout
+        unknown = rubick("resume", "no-such-job", "--data-dir", str(rk))
+        assert unknown.returncode == 1 and "unknown job" in unknown.stdout
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=60)
+
+    replay = rubick("replay", str(rk / "events"))
+    assert replay.returncode == 0 and "OK" in replay.stdout, replay.stdout + replay.stderr
+    decided = rubick("log", "show", str(rk / "events"), "--subject", "plan.decided", "-n", "0", "--json")
+    reasons = [d["reason"] for line in decided.stdout.splitlines()
+               for d in json.loads(line)["payload"]["decisions"] if d["job_id"] == job_id]
+    assert "suspended" in reasons and "cancelled" in reasons and reasons.index("suspended") < reasons.index("cancelled")
