@@ -138,6 +138,11 @@ class Client:
                      time=_time.time(), id=new_id(subject.split(".")[1][:4] + "-"), source=source)
         return await self._judged(event, wait_s)
 
+    async def publish_judged(self, event: Event, wait_s: float = 2.0) -> SubmitResult:
+        """Publish a submission or an owner's request made by hand (its own id and time: a simulated
+        cluster's clock, say) and wait, at most `wait_s`, for its verdict as `submit` does."""
+        return await self._judged(event, wait_s)
+
     async def _judged(self, event: Event, wait_s: float) -> SubmitResult:
         """Publish `event` and wait (at most `wait_s`) for its verdict."""
         sub = await self.bus.nc.subscribe("job.rejected") if wait_s > 0 else None

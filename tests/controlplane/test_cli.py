@@ -128,12 +128,21 @@ def test_schema_of_an_unknown_subject(capsys):
     assert "unknown subject" in capsys.readouterr().err
 
 
-def test_demo_runs_end_to_end():
+def test_demo_runs_end_to_end(tmp_path):
     t0 = time.monotonic()
-    res = rubick("demo")
+    res = rubick("demo", "--data-dir", str(tmp_path / "demo"))
     assert res.returncode == 0, res.stderr
     assert "REJECTED (job id reused)" in res.stdout and "REJECTED (unknown model type" in res.stdout
-    assert "stopped cleanly" in res.stdout and "jobs: 3 queued; 2 rejected" in res.stdout
+    # a cluster day: jobs run on simulated agents, one is cancelled, the others complete, one is shrunk
+    assert "stopped cleanly" in res.stdout and "jobs: 1 cancelled, 2 completed; 2 rejected" in res.stdout
+    assert "all jobs ended after" in res.stdout and "(0 samples/s; cancelled)" in res.stdout
+    assert "shrunk)" in res.stdout and "job.reconfigured" in res.stdout
+    assert "average JCT of the 2 completed jobs" in res.stdout and "GPU utilisation:" in res.stdout
+    # the run is kept: the log commands read it afterwards
+    assert f"the run is kept in {tmp_path / 'demo'}" in res.stdout
+    assert main(["log", "stats", str(tmp_path / "demo")]) == 0
+    again = rubick("demo", "--data-dir", str(tmp_path / "demo"))
+    assert again.returncode == 2 and "already holds a run" in again.stderr
     assert "profile the model type first" in res.stdout  # a new type without a forward time: the policy refuses it
     assert "plan.decided by the policy:" in res.stdout and "gpt2-demo-1: dp" in res.stdout
     assert "OK: every recorded decision was reproduced" in res.stdout  # the demo's own log, replayed
