@@ -17,7 +17,7 @@ from .fit import FitError, fit
 from .memory import feasible, resolve_ga
 from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
 from .spec import MODELS_DIR, SpecError, load_model
-from .validate import format_report, measurements, validate
+from .validate import MODEL_KEYS, format_report, measurements, validate
 
 PARAMS_FORMAT = 1
 
@@ -52,6 +52,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--data", required=True, help="folder with fit_points.csv and throughput_table.csv")
     p.add_argument("--models", default=str(MODELS_DIR), help="folder of <key>.yaml model specs")
     p.add_argument("--env", default=str(DEFAULT_ENV_FILE))
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show progress on stderr (default: only when stderr is a terminal)")
     p.set_defaults(func=_guard(cmd_validate))
 
 
@@ -189,7 +191,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not (data / name).is_file():
             raise CliError(f"{data}: no {name}")
     env = load_env(args.env)
-    results = validate(data, Path(args.models), env)
+    from replay.progress import enabled, steps
+
+    keys = MODEL_KEYS
+    with steps(enabled(args.progress), "model validate", len(keys)) as progress:
+        results = []
+        for key in keys:  # one model at a time, as `validate` does, so the progress can follow
+            progress.step(f"fitting and checking {key}")
+            results += validate(data, Path(args.models), env, keys=(key,))
+            progress.advance()
     print(f"fitted on {data / 'fit_points.csv'} only; errors on every other measured row of "
           f"throughput_table.csv (environment {env.name})")
     print(format_report(results))

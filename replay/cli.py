@@ -12,6 +12,8 @@ from pathlib import Path
 
 from controlplane.cli.common import fail
 
+from .progress import add_flag as add_progress_flag, enabled as progress_enabled
+
 LAYOUTS = ("auto", "artifact", "pai")
 
 
@@ -52,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a bad trace line refuses the file (default) or is skipped and counted")
     p.add_argument("--max-time-h", type=float, default=720.0, help="stop the simulation at this virtual hour")
     p.add_argument("--no-fit-cache", action="store_true", help="fit the model parameters again, do not cache them")
+    add_progress_flag(p)
     p.set_defaults(func=cmd_simulate)
 
     r = sub.add_parser("report", help="compare simulated runs: table and plots")
@@ -59,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run folders (with summary.json), or folders of runs (simulate --policies)")
     r.add_argument("--out", type=Path, help="folder for the plots (default: report/ in the folder holding all the runs)")
     r.add_argument("--no-plots", action="store_true", help="print the table only")
+    add_progress_flag(r)
     r.set_defaults(func=cmd_report)
 
     v = sub.add_parser("replay", help="check a recorded run's decisions byte for byte, or replay it as a what-if",
@@ -74,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--context", type=int, default=5, help="events shown before a divergence (default 5)")
     v.add_argument("--jobs", type=int, help="processes checking the cores side by side (default: one per CPU, "
                                             "at most one per core; 1 checks them all in this process)")
+    add_progress_flag(v)
     v.set_defaults(func=cmd_replay)
 
 
@@ -187,11 +192,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
                      scale=args.scale, on_bad=args.on_bad, batch_s=args.batch,
                      hold_s=args.hold)
-    for name in names:
+    from .progress import sim as sim_progress
+
+    show = progress_enabled(args.progress)
+    for k, name in enumerate(names, 1):
         cfg = replace(base, policy=name)
         out_dir = args.out if len(names) == 1 else args.out / name
-        out = simulate(cfg, trace_inputs(cfg, jobs, parts), parts, out_dir=out_dir,
-                       extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered)})
+        inputs = trace_inputs(cfg, jobs, parts)
+        label = f"{name} on {args.cluster}" + (f" ({k}/{len(names)})" if len(names) > 1 else "")
+        with sim_progress(show, label, sum(1 for e in inputs if e.base == "job.submitted")) as progress:
+            out = simulate(cfg, inputs, parts, out_dir=out_dir, progress=progress if show else None,
+                           extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered)})
         _print_run(out_dir, out)
     return 0
 
@@ -229,9 +240,26 @@ def cmd_report(args: argparse.Namespace) -> int:
         problem = None if args.out else bad_out(out)  # a given --out was checked before anything was read
         if problem:
             return fail(f"{problem} (the default; choose another with --out)")
-        for path in plot(runs, summaries, out, warn=lambda message: print(f"warning: {message}", file=sys.stderr)):
+        from .progress import steps
+        from .report import plot_steps
+
+        with steps(progress_enabled(args.progress), f"report of {len(runs)} run(s)", plot_steps(runs)) as progress:
+            written = plot(runs, summaries, out, warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+                           progress=progress)
+        for path in written:
             print(f"wrote {path}")
     return 0
+
+
+def _recorded_jobs(log: Path) -> int:
+    """Jobs the run beside `log` (its summary.json) submitted, for a what-if's progress; 0 if unknown
+    (the progress then counts the submissions as they come)."""
+    from .report import load_summary
+
+    try:
+        return int(load_summary(log.parent)["jobs"]["submitted"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -257,8 +285,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return fail(problem)
         if args.policy and args.policy not in policy_names():
             return fail(f"unknown policy {args.policy}; known: {', '.join(policy_names()) or 'none'}")
+        from .progress import sim as sim_progress
+
+        show = progress_enabled(args.progress)
         try:
-            out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)
+            with sim_progress(show, f"what-if {args.policy or 'same policy'}", _recorded_jobs(args.log)):
+                out, problems = what_if(args.log, args.out, policy=args.policy, restart_cost_s=args.restart_cost)
         except ValueError as exc:
             return fail(str(exc))
         for p in problems:
@@ -266,8 +298,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _print_run(args.out, out)
         return 0 if not problems else 2
     only = tuple(n.strip() for n in args.only.split(",") if n.strip()) if args.only else None
+    from .progress import replay as replay_progress
+
+    show = progress_enabled(args.progress)
     try:
-        result = verify(args.log, context=args.context, only=only, jobs=args.jobs)
+        with replay_progress(show, f"replay check of {args.log}") as progress:
+            result = verify(args.log, context=args.context, only=only, jobs=args.jobs,
+                            progress=progress if show else None)
     except ValueError as exc:
         return fail(str(exc))
     print(format_result(result, args.log))

@@ -4,10 +4,15 @@ Per run it reads `summary.json` (the table, the JCT CDF) and, for the time plots
 (`events/`). Plots written:
 
 - `jct_cdf.png`: JCT CDF per run;
-- `utilisation.png`: GPU utilisation (GPUs held / cluster GPUs) and queue length over time, per run,
-  as time-weighted means over windows (about 80 over the longest run);
-- `timeline-<run>.png`: per-job timeline of plans (one row per job by submission; colour = plan,
-  pale = restarting).
+- `utilisation.png`: GPU utilisation in % (GPUs held / cluster GPUs, as the table's) and queue length
+  over time, per run, as time-weighted means over windows (about 80 over the longest run);
+- `timeline-<run>.png`: per-job timeline of plans, jobs grouped by model (each group by submission;
+  colour = plan family, pale = restarting, grey = waiting, bar height ~ GPUs; past
+  `MAX_TIMELINE_ROWS` jobs, every k-th job of each model).
+
+Every title names the trace, the cluster and the policy (or policies); every time axis runs from 0
+to the end of the longest run of the report, so the runs' plots line up; legends are outside the
+axes. `figures` returns the matplotlib figures, `plot` writes them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import numpy as np
 from controlplane.eventlog import events as read_events
 
 from .run import EVENTS_DIR, SUMMARY_FILE
-from .timeline import Timeline, build
+from .timeline import JobLine, Timeline, build
 
 COLUMNS = (("run", "{}"), ("policy", "{}"), ("done", "{}"), ("avg JCT h", "{:.2f}"), ("P99 JCT h", "{:.2f}"),
            ("makespan h", "{:.2f}"), ("guar. avg h", "{}"), ("b-e avg h", "{}"), ("SLO viol.", "{}"),
@@ -149,107 +154,248 @@ FAMILY_COLOURS = {"DP": "tab:blue", "DP+GC": "tab:cyan", "ZeRO-DP": "tab:green",
                   "3D (TP/PP)": "tab:red"}
 
 
-def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path,
-         warn: Callable[[str], None] = lambda message: None) -> list[Path]:
-    """Write the plots to `out`; `warn` is told what the time plots leave out (a run without an event
-    log, a log file that cannot be read, rows that are not valid events)."""
-    import matplotlib
+def run_facts(summary: dict[str, Any]) -> tuple[str, str, str]:
+    """(trace, cluster, policy) of a run, as its plots name them: the trace file's name (with the
+    scale when repeated), NODESxGPUS with the GPU count, the policy."""
+    cfg = summary.get("config") or {}
+    trace = Path(str(cfg.get("trace") or "unknown trace")).name
+    scale = cfg.get("scale") or 1
+    if scale != 1:
+        trace += f" x{scale}"
+    cluster = str(cfg.get("cluster") or "unknown cluster")
+    gpus = summary.get("cluster_gpus")
+    if gpus:
+        cluster += f" ({gpus} GPUs)"
+    return trace, cluster, str(cfg.get("policy") or "unknown policy")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection
 
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    labels = run_labels(runs)
+def describe(summaries: Sequence[dict[str, Any]]) -> str:
+    """What a figure over several runs shows: trace(s), cluster(s) and policies."""
+    facts = [run_facts(s) for s in summaries]
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, s in zip(labels, summaries):
-        jct = np.sort([j["jct_s"] / 3600 for j in s["per_job"] if j["jct_s"] is not None])
-        if len(jct):
-            ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out / "jct_cdf.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    def one(i: int, word: str, plural: str) -> str:
+        values = list(dict.fromkeys(f[i] for f in facts))
+        return f"{word} {values[0]}" if len(values) == 1 else f"{plural} {', '.join(values)}"
+    return f"{one(0, 'trace', 'traces')}, cluster {', '.join(dict.fromkeys(f[1] for f in facts))}; " \
+           f"{one(2, 'policy', 'policies')}"
 
-    timelines = []
+
+MAX_TIMELINE_ROWS = 600
+"""More jobs than this: a timeline shows every k-th job of each model (said in its title)."""
+
+
+def _timeline_rows(tl: Timeline) -> tuple[list[tuple[str, list[JobLine]]], int]:
+    """The jobs a timeline shows, grouped by model (the models in order of first submission, the jobs
+    by submission), and the stride k (1 = every job)."""
+    jobs = sorted(tl.jobs.values(), key=lambda j: (j.submitted, j.job_id))
+    groups: dict[str, list[JobLine]] = {}
+    for job in jobs:
+        groups.setdefault(job.model, []).append(job)
+    stride = max(1, -(-len(jobs) // MAX_TIMELINE_ROWS))
+    return [(model, js[::stride]) for model, js in groups.items()], stride
+
+
+def _time_span_s(timelines: Sequence[Timeline | None]) -> float:
+    """The end of the longest run: every time plot of a report shares the axis 0..this."""
+    ends = [0.0]
+    for tl in timelines:
+        if tl is None:
+            continue
+        ends.append(tl.end)
+        ends.extend(s.end for j in tl.jobs.values() for s in j.segments[-1:])
+        ends.extend(t for t, _ in tl.queue[-1:])
+    return max(ends)
+
+
+def _legend_outside(fig: Any, handles: list[Any], title: str | None = None) -> Any:
+    return fig.legend(handles=handles, loc="outside right center", fontsize=8, title=title, title_fontsize=8,
+                      frameon=False)
+
+
+def read_timelines(runs: Sequence[Path], warn: Callable[[str], None] = lambda message: None,
+                   progress: Any = None) -> list[Timeline | None]:
+    """Each run's timeline from its event log (None where there is none); `warn` is told what is left out."""
+    timelines: list[Timeline | None] = []
     for run in runs:
+        if progress is not None:
+            progress.step(f"reading {Path(run).name}'s event log")
         log = Path(run) / EVENTS_DIR
         if not log.is_dir():
             warn(f"{run}: no event log ({EVENTS_DIR}/): left out of the time plots")
             timelines.append(None)
-            continue
-        decoded = read_events(log)
-        for path, why in decoded.problems:
-            warn(f"{path}: {why}; the time plots of {run} show the rest of its log")
-        if decoded.undecodable:
-            seq, subject, why = decoded.undecodable[0]
-            warn(f"{log}: {len(decoded.undecodable)} row(s) that are not valid events left out of the time plots "
-                 f"(the first: event {seq} on {subject}: {why})")
-        timelines.append(build(decoded.events))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+        else:
+            decoded = read_events(log)
+            for path, why in decoded.problems:
+                warn(f"{path}: {why}; the time plots of {run} show the rest of its log")
+            if decoded.undecodable:
+                seq, subject, why = decoded.undecodable[0]
+                warn(f"{log}: {len(decoded.undecodable)} row(s) that are not valid events left out of the time "
+                     f"plots (the first: event {seq} on {subject}: {why})")
+            timelines.append(build(decoded.events))
+        if progress is not None:
+            progress.advance()
+    return timelines
+
+
+def figures(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], timelines: Sequence[Timeline | None],
+            progress: Any = None) -> dict[str, Any]:
+    """The report's figures (matplotlib `Figure`s, no pyplot), by file name. Every title names the
+    trace, cluster and policy (or policies); every time axis runs from 0 to the end of the longest
+    run, so the runs' plots line up; legends sit outside the axes; utilisation is in %, as in the
+    table."""
+    import matplotlib.colors as mcolors
+    from matplotlib.collections import PolyCollection
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import PercentFormatter
+
+    labels = run_labels(runs)
+    what = describe(summaries)
+    span_h = _time_span_s(timelines) / 3600 or 1.0
+    out: dict[str, Any] = {}
+
+    def step(name: str) -> None:
+        if progress is not None:
+            progress.step(f"drawing {name}")
+
+    step("jct_cdf.png")
+    fig = Figure(figsize=(9, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    handles = []
+    for label, s in zip(labels, summaries):
+        jct = np.sort([j["jct_s"] / 3600 for j in s["per_job"] if j["jct_s"] is not None])
+        if len(jct):
+            avg = s["jct"]["avg_h"] or 0.0
+            handles += ax.step(jct, np.arange(1, len(jct) + 1) / len(jct) * 100, where="post",
+                               label=f"{label} (avg {avg:.2f} h)")
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("jobs completed within (%)")
+    ax.yaxis.set_major_formatter(PercentFormatter(100))
+    ax.set_ylim(0, 101)
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"JCT CDF: {what}", fontsize=10)
+    if handles:
+        _legend_outside(fig, handles)
+    out["jct_cdf.png"] = fig
+    if progress is not None:
+        progress.advance()
+
+    step("utilisation.png")
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
     series = []
-    for label, tl in zip(labels, timelines):
+    for label, tl, s in zip(labels, timelines, summaries):
         if tl is None or not tl.total_gpus:
             continue
         t, held = held_series(tl)
         q = np.array(tl.queue, dtype=np.float64).reshape(-1, 2)
-        series.append((label, t, held / tl.total_gpus, q))
-    span = max((max(t[-1] if len(t) else 0.0, q[-1, 0] if len(q) else 0.0) for _, t, _, q in series), default=0.0)
-    width = _window(span)
-    for label, t, util, q in series:  # every step of a day's run is a blur: time-weighted means per window
+        series.append((label, t, held / tl.total_gpus * 100, q, s.get("gpu_utilisation")))
+    width = _window(span_h * 3600)
+    handles = []
+    for k, (label, t, util, q, mean) in enumerate(series):  # time-weighted means per window: every step is a blur
+        colour = f"C{k % 10}"
         if len(t):
             edges, means = window_means(t, util, width, t[-1])
-            ax1.stairs(means, edges / 3600, label=label, lw=1.2)
+            ax1.stairs(means, edges / 3600, lw=1.2, color=colour, baseline=None)
         if len(q):
             edges, means = window_means(q[:, 0], q[:, 1], width, q[-1, 0])
-            ax2.stairs(means, edges / 3600, label=label, lw=1.2)
-    ax1.set_title(f"GPU utilisation and jobs waiting: time-weighted mean per {_duration(width)}", fontsize=10)
-    ax1.set_ylabel("GPU utilisation (held)")
+            ax2.stairs(means, edges / 3600, lw=1.2, color=colour, baseline=None)
+        handles.append(Line2D([], [], color=colour, lw=1.5,
+                              label=label + (f" (run mean {mean:.1%})" if isinstance(mean, (int, float)) else "")))
+    fig.suptitle(f"GPU utilisation and jobs waiting: {what}\n(time-weighted mean per {_duration(width)})",
+                 fontsize=10)
+    ax1.set_ylabel("GPU utilisation (% held)")
+    ax1.yaxis.set_major_formatter(PercentFormatter(100))
+    ax1.set_ylim(0, 105)
     ax1.grid(alpha=0.3)
-    if series:
-        ax1.legend(fontsize=8)
+    if handles:
+        _legend_outside(fig, handles)
     else:
         ax1.text(0.5, 0.5, "no event log could be read", ha="center", va="center", transform=ax1.transAxes)
     ax2.set_ylabel("jobs waiting")
     ax2.set_xlabel("time (hours)")
+    ax2.set_xlim(0, span_h)
     ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    written.append(out / "utilisation.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    out["utilisation.png"] = fig
+    if progress is not None:
+        progress.advance()
 
-    for label, tl in zip(labels, timelines):
+    fam_handles = [Patch(color=c, label=fam) for fam, c in FAMILY_COLOURS.items()]
+    fam_handles += [Patch(color=mcolors.to_rgba("0.4", 0.3), label="restarting (pale)"),
+                    Patch(color="0.85", label="waiting (no GPUs)")]
+    for label, tl, s in zip(labels, timelines, summaries):
         if tl is None or not tl.jobs:
             continue  # nothing read (named above): no empty timeline
-        jobs = sorted(tl.jobs.values(), key=lambda j: (j.submitted, j.job_id))
-        fig, ax = plt.subplots(figsize=(11, max(4.0, min(40.0, len(jobs) * 0.03))))
-        lines, colours, widths = [], [], []
-        for row, job in enumerate(jobs):
-            for s in job.segments:
-                lines.append([(s.start / 3600, row), (s.end / 3600, row)])
-                colour = matplotlib.colors.to_rgba(FAMILY_COLOURS[_plan_family(s.plan)],
-                                                   1.0 if s.state == "run" else 0.3)
-                colours.append(colour)
-                widths.append(max(0.5, min(4.0, s.gpus / 8)))
-        ax.add_collection(LineCollection(lines, colors=colours, linewidths=widths))
-        ax.autoscale()
-        ax.invert_yaxis()
+        name = f"timeline-{label}.png"
+        step(name)
+        groups, stride = _timeline_rows(tl)
+        rows = sum(len(js) for _, js in groups)
+        max_gpus = max((seg.gpus for _, js in groups for j in js for seg in j.segments), default=1) or 1
+        fig = Figure(figsize=(11, min(12.0, max(4.5, 2.0 + rows * 0.02))), layout="constrained")
+        ax = fig.add_subplot()
+        bars, colours, waits = [], [], []
+        row, ticks, ticklabels = 0, [], []
+        for model, js in groups:
+            first = row
+            for job in js:
+                start = job.segments[0].start if job.segments else (job.end if job.end is not None else tl.end)
+                if start > job.submitted:
+                    waits.append(_rect(job.submitted / 3600, start / 3600, row, 0.5))
+                for seg in job.segments:
+                    bars.append(_rect(seg.start / 3600, seg.end / 3600, row, 0.6 + 0.35 * min(1.0, seg.gpus / max_gpus)))
+                    colours.append(mcolors.to_rgba(FAMILY_COLOURS[_plan_family(seg.plan)],
+                                                   1.0 if seg.state == "run" else 0.3))
+                row += 1
+            ticks.append((first + row - 1) / 2)
+            ticklabels.append(f"{model} ({len(js)})")
+            if row < rows:
+                ax.axhline(row - 0.5, color="0.5", lw=0.6)
+        ax.add_collection(PolyCollection(waits, facecolors="0.85", edgecolors="none"))
+        ax.add_collection(PolyCollection(bars, facecolors=colours, edgecolors="none"))
+        ax.set_xlim(0, span_h)
+        ax.set_ylim(rows - 0.5, -0.5)
+        ax.set_yticks(ticks, ticklabels, fontsize=8)
+        ax.tick_params(axis="y", length=0)
         ax.set_xlabel("time (hours)")
-        ax.set_ylabel("job (by submission)")
-        ax.set_title(f"{label}: plan per job over time (pale = restarting, width ~ GPUs)")
-        for fam, c in FAMILY_COLOURS.items():
-            ax.plot([], [], color=c, label=fam)
-        ax.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        written.append(out / f"timeline-{label}.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        ax.set_ylabel("jobs by model, each by submission")
+        ax.grid(axis="x", alpha=0.3)
+        trace, cluster, policy = run_facts(s)
+        shown = f"{rows} jobs" if stride == 1 else f"one job in {stride} of each model: {rows} of {len(tl.jobs)}"
+        fig.suptitle(f"Plan per job over time: policy {policy}{f' ({label})' if label != policy else ''}, trace {trace}, "
+                     f"cluster {cluster}\n"
+                     f"{shown}; bar height ~ GPUs held (up to {max_gpus})", fontsize=10)
+        _legend_outside(fig, fam_handles, title="plan")
+        out[name] = fig
+        if progress is not None:
+            progress.advance()
+    return out
+
+
+def _rect(x0: float, x1: float, row: int, height: float) -> list[tuple[float, float]]:
+    h = height / 2
+    return [(x0, row - h), (x0, row + h), (x1, row + h), (x1, row - h)]
+
+
+def plot_steps(runs: Sequence[Path]) -> int:
+    """The steps `plot` reports to its progress: each log read, each figure drawn, each file written."""
+    return len(runs) + 2 * (2 + len(runs))
+
+
+def plot(runs: Sequence[Path], summaries: Sequence[dict[str, Any]], out: Path,
+         warn: Callable[[str], None] = lambda message: None, progress: Any = None) -> list[Path]:
+    """Write the plots to `out`; `warn` is told what the time plots leave out (a run without an event
+    log, a log file that cannot be read, rows that are not valid events). `progress` (a
+    `replay.progress.StepProgress`, display only) is told each step."""
+    out.mkdir(parents=True, exist_ok=True)
+    timelines = read_timelines(runs, warn, progress)
+    written = []
+    for name, fig in figures(runs, summaries, timelines, progress).items():
+        if progress is not None:
+            progress.step(f"writing {name}")
+        written.append(out / name)
+        fig.savefig(written[-1], dpi=110)
+        if progress is not None:
+            progress.advance()
     return written

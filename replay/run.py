@@ -14,6 +14,7 @@ from agents.simulated import GroundTruth, SimulatedAgents
 from policy.curves import request_placements
 
 from .config import Parts, PolicyFactory, RunConfig, control_cores, node_events, node_gpus
+from .progress import SimCallback, current as progress_hook
 from .record import write_log
 from .simulator import SimResult, Simulation
 from .summary import summarize
@@ -54,9 +55,11 @@ def submissions(jobs: Sequence[TraceJob], parts: Parts) -> list[Event]:
 
 
 def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_factory: PolicyFactory | None = None,
-             out_dir: Path | None = None, extra: dict[str, Any] | None = None) -> RunOutput:
+             out_dir: Path | None = None, extra: dict[str, Any] | None = None,
+             progress: SimCallback | None = None) -> RunOutput:
     """Run the cores over `inputs` (node events and submissions, time-ordered); write the run if
-    `out_dir` is given (`events/` log with run.json, and summary.json)."""
+    `out_dir` is given (`events/` log with run.json, and summary.json). `progress` (default: the one
+    `replay.progress.current` holds, if any) is told how far the simulation got (display only)."""
     import time
 
     truth = ground_truth(parts)
@@ -65,7 +68,7 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
                              noise=cfg.noise, seed=cfg.seed)
     sim = Simulation(control_cores(cfg, parts, policy_factory), agents, tick_period_s=cfg.tick_period_s,
                      max_time_s=cfg.max_time_s)
-    result = sim.run(inputs)
+    result = sim.run(inputs, progress if progress is not None else progress_hook.get())
     sim_extra = {
         "config": cfg.to_json(),
         "stop_reason": result.stop_reason,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time as _wall
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from controlplane.bus.memory import MemoryBus
 from controlplane.events import ClockTick, Event, encode, make
@@ -101,9 +101,15 @@ class Simulation:
                         self.sources[core.name].add(o.source)
                     pending.extend(out)
 
-    def run(self, inputs: Sequence[Event]) -> SimResult:
-        """Run to the end. `inputs` must be ordered by time."""
+    PROGRESS_EVERY = 64
+    """Time points between two calls of `run`'s progress callback."""
+
+    def run(self, inputs: Sequence[Event], progress: Callable[[float, int, int, int], None] | None = None) -> SimResult:
+        """Run to the end. `inputs` must be ordered by time. `progress`, if given, is called every
+        `PROGRESS_EVERY` time points and at the end with (simulated seconds reached, events so far,
+        jobs finished, jobs submitted); it only looks (display), the run does not depend on it."""
         wall0 = _wall.perf_counter()
+        points = 0
         inputs = list(inputs)
         for a, b in zip(inputs, inputs[1:]):
             if b.time < a.time:
@@ -126,6 +132,10 @@ class Simulation:
                 reason = f"stopped at max_time_s = {self.max_time_s:g} s"
                 break
             self.now = t
+            if progress is not None:
+                points += 1
+                if points % self.PROGRESS_EVERY == 0:
+                    progress(t, len(self.events), len(self._finished), len(self._submitted))
             if due is not None and due <= t:
                 t0 = _wall.perf_counter()
                 fired = agents.fire(t)
@@ -151,6 +161,8 @@ class Simulation:
                 idle_ticks += 1
             else:
                 idle_ticks = 0
+        if progress is not None:
+            progress(self.now, len(self.events), len(self._finished), len(self._submitted))
         wall = _wall.perf_counter() - wall0
         spent = dict(self.spent)
         spent["simulator"] = max(0.0, wall - sum(spent.values()))

@@ -37,7 +37,7 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from controlplane.eventlog import check, scan
 from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
@@ -152,17 +152,25 @@ class _Stream:
     sources: dict[str, list[str]]
 
 
-def _walk(stream: _Stream, cores: list[Any]) -> _Walk:
+PROGRESS_EVERY = 1024
+"""Events fed between two calls of a check's progress callback."""
+
+
+def _walk(stream: _Stream, cores: list[Any], progress: Callable[[int, int, float], None] | None = None) -> _Walk:
     """Feed the recorded stream to `cores` and compare their answers with the recorded ones, up to the
     first difference. The other cores' recorded answers are inputs, so each core's answers depend only
-    on the log: the cores can be walked apart and the walks merged."""
+    on the log: the cores can be walked apart and the walks merged. `progress` (display only) is told
+    (events fed, events recorded, simulated time) every PROGRESS_EVERY events."""
     walk = _Walk()
+    total = len(stream.recorded)
     owner = {src: c.name for c in cores for src in stream.sources.get(c.name, [])}
     routes: dict[str, list[Any]] = {}
     produced: dict[str, deque[tuple[Event, bytes]]] = {c.name: deque() for c in cores}
     limit, undecodable = stream.limit, stream.undecodable
     admission = stream.live and any(c.name == "admission" for c in cores)
     for i, (seq, event, data) in enumerate(stream.recorded):
+        if progress is not None and i % PROGRESS_EVERY == 0:
+            progress(i, total, event.time)
         core = owner.get(event.source)
         refused = _refused_seq(event) if admission and core == "admission" else None
         if refused is not None and refused in undecodable:
@@ -226,9 +234,10 @@ def _child(conn: Any, stream: _Stream, cores: list[Any]) -> None:
     conn.close()
 
 
-def _walk_apart(stream: _Stream, groups: list[list[Any]]) -> list[_Walk]:
-    """The first group in this process, each other one in a forked child (which inherits the decoded
-    log and the built cores, so nothing is read or built twice)."""
+def _walk_apart(stream: _Stream, groups: list[list[Any]],
+                progress: Callable[[int, int, float], None] | None = None) -> list[_Walk]:
+    """The first group in this process (told to `progress`), each other one in a forked child (which
+    inherits the decoded log and the built cores, so nothing is read or built twice)."""
     ctx = multiprocessing.get_context("fork")
     children = []
     try:
@@ -238,7 +247,7 @@ def _walk_apart(stream: _Stream, groups: list[list[Any]]) -> list[_Walk]:
             proc.start()
             send.close()
             children.append((group, proc, recv))
-        walks = [_walk(stream, groups[0])]
+        walks = [_walk(stream, groups[0], progress)]
         for group, proc, recv in children:
             names = ", ".join(c.name for c in group)
             try:
@@ -262,12 +271,14 @@ def _walk_apart(stream: _Stream, groups: list[list[Any]]) -> list[_Walk]:
 
 
 def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, context: int = 5,
-           only: tuple[str, ...] | None = None, jobs: int | None = None) -> VerifyResult:
+           only: tuple[str, ...] | None = None, jobs: int | None = None,
+           progress: Callable[[int, int, float], None] | None = None) -> VerifyResult:
     """Check the run in `log_dir`. `only` names the cores to rebuild (e.g. `("policy",)`); the recorded
     answers of the others are then inputs like the rest (faster: the modeler's refits are not redone).
     `jobs` is how many processes check the cores at once (default `default_jobs()`): each core's
     answers depend on the log alone, so the policy's check and the modeler's can run side by side; the
-    result is the same as with one."""
+    result is the same as with one. `progress` (display only) is told how far the check got: (events
+    fed, events recorded, simulated time), by this process's share where there are several."""
     t0 = time.perf_counter()
     log_dir = Path(log_dir)
     result = VerifyResult()
@@ -308,7 +319,9 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
     stream = _Stream(recorded, limit, undecodable, result.live, run["sources"])
     groups = _groups(cores, default_jobs() if jobs is None else jobs)
-    walks = [_walk(stream, groups[0])] if len(groups) == 1 else _walk_apart(stream, groups)
+    walks = [_walk(stream, groups[0], progress)] if len(groups) == 1 else _walk_apart(stream, groups, progress)
+    if progress is not None and recorded:
+        progress(len(recorded), len(recorded), recorded[-1][1].time)
     result.processes = len(groups)
 
     first = min((w.divergence for w in walks if w.divergence is not None), key=lambda d: d[0], default=None)
