@@ -5,9 +5,10 @@ A core is a plain object with `name`, `subjects` (what it consumes) and
 The shell takes messages in stream order, each once (`bus.inorder`: what replay feeds a core too),
 decodes, calls the core, publishes what it returns (with the event
 id as `Nats-Msg-Id`, so a retry after a crash is not doubled), acknowledges,
-and exports metrics. On start it rebuilds the core's state by feeding it every
-stored event up to its consumer's acknowledged position (outputs discarded),
-then goes on live; so a restarted service knows what it knew before.
+and exports metrics (for the policy core the scheduler's too, `controlplane.scheduler_metrics`:
+computed here from the core's state after each handle, never by the core). On start it
+rebuilds the core's state by feeding it every stored event up to its consumer's acknowledged
+position (outputs discarded), then goes on live; so a restarted service knows what it knew before.
 
 Exactly one service per deployment (admission) answers undecodable messages
 with a `*.rejected` event (`rejects=True`); the others count and skip them.
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from . import metrics
+from .scheduler_metrics import observer_for
 from .bus.base import Bus, Delivery
 from .bus.inorder import in_order
 from .events import Event, Invalid, Rejected, decode, encode, make, rejection_subject, unpack
@@ -110,6 +112,14 @@ class ServiceShell:
     failed: int = 0
     """Messages the core failed on (each answered with a `*.rejected` event)."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    observer: object | None = None
+    """What computes metrics from the core's state around each `handle()` (`before(event, live)`,
+    `after(event, out)`, and `refresh()` once the state is rebuilt at start); by default the
+    scheduler's for a policy core (`scheduler_metrics.observer_for`), none for the others."""
+
+    def __post_init__(self) -> None:
+        if self.observer is None:
+            self.observer = observer_for(self.core)
 
     @property
     def name(self) -> str:
@@ -121,12 +131,19 @@ class ServiceShell:
                 event = decode(d.data, d.subject)
             except Invalid:
                 continue
+            if self.observer is not None:
+                self.observer.before(event, live=False)
+            out = []
             try:
-                self.core.handle(event)
+                out = self.core.handle(event)
             except Exception as exc:  # it failed on this event live too, and was answered then
                 log.warning("%s: handler failed on seq %d while rebuilding its state (%s)", self.name, d.seq,
                             failure_text(exc))
+            if self.observer is not None:
+                self.observer.after(event, out)
             self.restored += 1
+        if self.observer is not None:
+            self.observer.refresh()
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = await in_order(self.bus, f"svc-{self.name}", self.core.subjects, ack_wait=self.ack_wait)
@@ -168,9 +185,13 @@ class ServiceShell:
                 log.info("%s: refused seq %d on %s: %s", self.name, d.seq, d.subject, exc)
             await d.ack()
             return
+        if self.observer is not None:
+            self.observer.before(event)
         t0 = time.perf_counter()
         out, failure = answers(self.core, event, d.seq)
         metrics.HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - t0)
+        if self.observer is not None:
+            self.observer.after(event, [e for e, _ in out])
         if failure is not None:  # answered with a rejection, acknowledged: never handled again
             self.failed += 1
             metrics.MESSAGES_REJECTED.labels(self.name, label).inc()
