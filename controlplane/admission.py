@@ -35,6 +35,13 @@ class AdmissionCore:
                     subject="job.submitted", reason=reason, field=field, expected=expected, got=got,
                     event_id=event.id, job_id=sub.job_id), time=event.time, id=f"rej-{event.id}",
                     source=self.name))
+        if event.base == "quota.set":
+            verdict = self.state.quota_refusal(event.payload)
+            if verdict is not None:
+                reason, field, expected, got = verdict
+                out.append(make("quota.rejected", Rejected(
+                    subject=event.subject, reason=reason, field=field, expected=expected, got=got,
+                    event_id=event.id), time=event.time, id=f"rej-{event.id}", source=self.name))
         control = self.state.control_refusal(event) if event.base in CONTROL else None
         if control is not None:
             reason, field, expected, got = control

@@ -27,7 +27,8 @@ import yaml
 from .auth import Credentials, Identity, find_credentials
 from .bus.nats import JetStreamBus, redact_url
 from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
-from .events.payloads import JobControl
+from .events.catalog import rejection_subject
+from .events.payloads import JobControl, QuotaSet
 from .events.schema import to_plain
 
 
@@ -131,6 +132,16 @@ class Client:
         """Ask for a suspended job to be scheduled again; it resumes from its checkpoint."""
         return await self._control("job.resume", job_id, tenant, reason, wait_s, source)
 
+    async def set_quota(self, tenant: str, gpus: int, *, new_tenant: bool = False, reason: str = "",
+                        wait_s: float = 2.0, source: str = "client") -> SubmitResult:
+        """Set a tenant's quota (`quota.set`; the bootstrap identity's right): the GPUs its guaranteed jobs
+        may hold, applied by the policy at once. The verdict: a `quota.rejected` naming why (an unknown
+        tenant without `new_tenant`, more GPUs than the cluster has), or None."""
+        import time as _time
+        payload = build(QuotaSet, {"tenant": tenant, "gpus": gpus, "new_tenant": new_tenant, "reason": reason})
+        event = make("quota.set", payload, time=_time.time(), id=new_id("quota-"), source=source)
+        return await self._judged(event, wait_s)
+
     async def _control(self, subject: str, job_id: str, tenant: str | None, reason: str, wait_s: float,
                        source: str) -> SubmitResult:
         import time as _time
@@ -145,7 +156,7 @@ class Client:
 
     async def _judged(self, event: Event, wait_s: float) -> SubmitResult:
         """Publish `event` and wait (at most `wait_s`) for its verdict."""
-        sub = await self.bus.nc.subscribe("job.rejected") if wait_s > 0 else None
+        sub = await self.bus.nc.subscribe(rejection_subject(event.subject)) if wait_s > 0 else None
         try:
             ack = await self.bus.publish(event.subject, encode(event), event.id)
             rejected = await self._verdict(sub, event.id, ack.seq, wait_s) if sub is not None else None

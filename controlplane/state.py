@@ -79,6 +79,10 @@ class ClusterState:
     open_jobs: dict[str, None] = field(default_factory=dict)
     """ids of the jobs neither completed nor failed (`jobs` keeps every job a long run saw)."""
     model_versions: dict[str, int] = field(default_factory=dict)
+    start_quotas: dict[str, int] | None = None
+    """The quotas the policy started with (its `run.described`); None: every tenant unlimited."""
+    quota_changes: dict[str, int] = field(default_factory=dict)
+    """tenant -> GPUs, from `quota.set`, in order: they override the start-up quotas."""
     last_round: int = -1
     last_tick: int = -1
     time: float = 0.0
@@ -97,6 +101,27 @@ class ClusterState:
         ids = self.jobs if _FINAL.intersection(statuses) else self.open_jobs
         jobs = self.jobs
         return [jobs[j] for j in sorted(j for j in ids if j in jobs and jobs[j].status in statuses)]
+
+    def quotas(self) -> dict[str, int] | None:
+        """The quotas in force: the start-up ones overlaid with every `quota.set`; None: none at all."""
+        if self.start_quotas is None and not self.quota_changes:
+            return None
+        return {**(self.start_quotas or {}), **self.quota_changes}
+
+    def tenants(self) -> set[str]:
+        return {j.tenant for j in self.jobs.values()} | set(self.quotas() or {})
+
+    def quota_refusal(self, x: p.QuotaSet) -> tuple[str, str, str, str] | None:
+        """(reason, field, expected, got) when a `quota.set` cannot apply: a tenant nobody has heard of
+        (without `new_tenant`), more GPUs than the cluster has."""
+        if not x.new_tenant and x.tenant not in self.tenants():
+            known = ", ".join(sorted(self.tenants())) or "none yet"
+            return ("unknown tenant (set new_tenant for a tenant with no job yet)", "data.tenant",
+                    f"one of {known}", x.tenant)
+        gpus = self.totals()[0]
+        if self.alive_nodes() and x.gpus > gpus:
+            return ("more GPUs than the cluster has", "data.gpus", f"<= {gpus}", str(x.gpus))
+        return None
 
     # --- admission -------------------------------------------------------------
     def check_submission(self, sub: p.JobSubmitted) -> tuple[str, str, str, str] | None:
@@ -260,6 +285,17 @@ def _resume(s: ClusterState, x: p.JobControl, t: float) -> None:
     job.status = "preempted" if job.started_at is not None else "queued"
 
 
+def _quota_set(s: ClusterState, x: p.QuotaSet, t: float) -> None:
+    if s.quota_refusal(x) is None:
+        s.quota_changes.pop(x.tenant, None)
+        s.quota_changes[x.tenant] = x.gpus
+
+
+def _described(s: ClusterState, x: p.RunDescribed, t: float) -> None:
+    if x.service == "policy":
+        s.start_quotas = dict(x.quotas) if x.quotas is not None else None
+
+
 def _rejected(s: ClusterState, x: p.Rejected, t: float) -> None:
     if x.subject != "job.submitted" or not x.job_id:
         return
@@ -328,6 +364,8 @@ _HANDLERS = {
     "job.preempted": _finished("preempted"),
     "job.rejected": _rejected,
     "job.cancel": _cancel,
+    "quota.set": _quota_set,
+    "run.described": _described,
     "job.suspend": _suspend,
     "job.resume": _resume,
     "node.registered": _node_registered,

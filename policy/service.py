@@ -38,7 +38,7 @@ from .oracle import ModelOracle, Oracle
 from .plans import ALL_FAMILIES
 
 ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.registered", "node.lost",
-                       "model.updated", "job.cancel", "job.suspend", "job.resume"})
+                       "model.updated", "job.cancel", "job.suspend", "job.resume", "quota.set"})
 WITHDRAWN = {"cancelled": "cancelled", "suspended": "suspended"}
 """Job states an owner's request put a job in -> the reason of the decision that takes its resources."""
 DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
@@ -66,7 +66,7 @@ class PolicyCore:
     oracle: Oracle
     name: str = "policy"
     subjects: tuple[str, ...] = ("job.>", "node.>", "metrics.iteration", "metrics.iteration.>", "model.updated",
-                                  "clock.tick")
+                                  "clock.tick", "quota.set")
     state: ClusterState = field(default_factory=ClusterState)
     progress: dict[str, Progress] = field(default_factory=dict)
     round: int = 0
@@ -88,6 +88,8 @@ class PolicyCore:
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
+        quotas = getattr(self.engine, "quotas", None)  # what its run.described tells admission
+        self.state.start_quotas = dict(quotas) if quotas is not None else None
 
     # --- events ---------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Event]:
@@ -124,6 +126,10 @@ class PolicyCore:
             p.iterations, p.at = max(p.iterations, event.payload.iterations_done), event.time
         elif base == "clock.tick":
             self.tick_period_s = float(event.payload.period_s)
+        elif base == "quota.set" and self.state.quota_changes.get(event.payload.tenant) == event.payload.gpus:
+            # applied by the fold (admission's checks passed): the engine charges guaranteed jobs to it from now on
+            if hasattr(self.engine, "quotas"):
+                self.engine.quotas = {**(self.engine.quotas or {}), event.payload.tenant: event.payload.gpus}
         if base in ("job.completed", "job.failed"):
             self.last.pop(event.payload.job_id, None)
             self.changed_at.pop(event.payload.job_id, None)

@@ -40,7 +40,7 @@ _DURABLE = {"recorder": "recorder", "admission": "svc-admission", "modeler": "sv
             "policy": "svc-policy"}
 _SERVICE_LEASE = {"recorder", "admission", "clock", "modeler", "policy"}
 _REJECTIONS = ("job.rejected", "node.rejected", "metrics.rejected", "model.rejected", "plan.rejected",
-               "clock.rejected", "run.rejected")
+               "clock.rejected", "run.rejected", "quota.rejected")
 """A service's shell answers a message its core failed on with `<namespace>.rejected` (controlplane.service)."""
 
 

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "controlplane.cli.up",
     "controlplane.cli.submit",
     "controlplane.cli.jobs",
+    "controlplane.cli.quota",
     "controlplane.cli.schema",
     "controlplane.cli.log",
     "controlplane.cli.status",

@@ -28,6 +28,8 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "plan.rejected": (p.Rejected, 1),
     "clock.rejected": (p.Rejected, 1),
     "run.described": (p.RunDescribed, 1),
+    "quota.set": (p.QuotaSet, 1),
+    "quota.rejected": (p.Rejected, 1),
     "run.rejected": (p.Rejected, 1),
 }
 """Catalogue subject -> (payload class, current schema version)."""
@@ -38,7 +40,7 @@ CONTROL = frozenset({"job.cancel", "job.suspend", "job.resume"})
 REJECTED_SUFFIX = ".rejected"
 
 STREAM_NAME = "RUBICK"
-STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>")
+STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>", "quota.>")
 """One JetStream stream captures every control-plane subject (and any routing suffix)."""
 
 NODE_SCOPED = frozenset({"job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",

@@ -195,6 +195,19 @@ class JobControl:
 
 
 @dataclass(frozen=True)
+class QuotaSet:
+    """An operator sets a tenant's quota: the GPUs its guaranteed jobs may hold (their minimum demand is
+    charged to it). The policy applies it at once. The first quota set on a cluster with none (every
+    tenant unlimited) starts the table: a tenant with no quota then runs its guaranteed jobs best-effort."""
+
+    tenant: str = ident("tenant", "team-a")
+    gpus: int = spec("guaranteed GPUs of the tenant", ge=0, le=MAX_GPUS, example=32)
+    new_tenant: bool = spec("true: the tenant has no job and no quota yet (otherwise such a name is refused "
+                            "as a likely typo)", default=False, example=False)
+    reason: str = spec("why, in the operator's words", max_len=500, default="", example="quarterly plan")
+
+
+@dataclass(frozen=True)
 class JobCompleted:
     """A job ran its target iterations."""
 

@@ -6,7 +6,7 @@ from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, J
                                  JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
                                  NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
                                  Resources, make)
-from controlplane.events.payloads import JobControl, ModelDescription, RunDescribed
+from controlplane.events.payloads import JobControl, ModelDescription, QuotaSet, RunDescribed
 
 PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
 ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
@@ -26,6 +26,7 @@ PAYLOADS = {
     "job.cancel": JobControl(job_id="gpt2-0007", tenant="team-a", reason="wrong dataset"),
     "job.suspend": JobControl(job_id="gpt2-0007", tenant="team-a", reason="make room for a deadline"),
     "job.resume": JobControl(job_id="gpt2-0007", tenant="team-a"),
+    "quota.set": QuotaSet(tenant="team-a", gpus=32, new_tenant=True, reason="quarterly plan"),
     "node.registered": NodeRegistered(node="node-0", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
                                       gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0),
     "node.heartbeat": NodeHeartbeat(node="node-0", jobs=("gpt2-0007",)),

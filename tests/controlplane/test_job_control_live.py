@@ -1,6 +1,7 @@
-"""`rubick suspend|resume|cancel` against a running `rubick up` with a simulated cluster (simulated node
-agents over the real bus and a real nats-server): the job stops, waits, runs again, ends cancelled; what
-cannot apply is refused with exit 1 and the reason; the log replays byte for byte."""
+"""`rubick suspend|resume|cancel` and `rubick quota set|show` against a running `rubick up` with a simulated
+cluster (simulated node agents over the real bus and a real nats-server): the job stops, waits, runs again,
+ends cancelled; a quota changes live; what cannot apply is refused with exit 1 and the reason; the log
+replays byte for byte."""
 
 from __future__ import annotations
 
@@ -73,6 +74,17 @@ def test_suspend_resume_cancel_from_the_command_line(tmp_path):
         assert late.returncode == 1 and "is already cancelled" in late.stdout
         unknown = rubick("resume", "no-such-job", "--data-dir", str(rk))
         assert unknown.returncode == 1 and "unknown job" in unknown.stdout
+
+        # quotas, live: set one, refused ones, and the table with what each tenant's guaranteed jobs hold
+        ok = rubick("quota", "set", "team-b", "4", "--data-dir", str(rk), "--reason", "test")
+        assert ok.returncode == 0 and "quota of team-b: 4 GPUs" in ok.stdout, ok.stdout + ok.stderr
+        typo = rubick("quota", "set", "team-bb", "4", "--data-dir", str(rk))
+        assert typo.returncode == 1 and "unknown tenant" in typo.stdout and "data.tenant" in typo.stdout
+        big = rubick("quota", "set", "team-b", "99", "--data-dir", str(rk))
+        assert big.returncode == 1 and "more GPUs than the cluster has" in big.stdout
+        assert rubick("quota", "set", "team-b", "-1", "--data-dir", str(rk)).returncode == 2
+        shown = rubick("quota", "show", "--data-dir", str(rk))
+        assert shown.returncode == 0 and any(line.split()[:2] == ["team-b", "4"] for line in shown.stdout.splitlines())
     finally:
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=60)
