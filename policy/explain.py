@@ -27,6 +27,9 @@ def explain_job(core, job_id: str, t: float) -> dict:
     cpg = min(cpg, book.max_cpus_per_gpu)
     ref = engine.reference(inp)[0] if hasattr(engine, "reference") else 0.0
     curve = book.gpu_curve(inp.kind, cpg)
+    cluster = sum(n.gpus for n in core.state.alive_nodes())
+    if cluster > 0:  # sizes this cluster can give, not the plan book's whole range
+        curve = curve[:min(len(curve), cluster + 1)]
     gpu_points = []
     last = None
     for g in range(1, len(curve)):
@@ -43,7 +46,7 @@ def explain_job(core, job_id: str, t: float) -> dict:
         "guaranteed": job.guaranteed, "requested": {"gpus": inp.requested_gpus, "cpus": inp.requested_cpus,
                                                     "plan": inp.requested_plan.code()},
         "reference_samples_per_s": round(ref, 4),
-        "gpu_curve": gpu_points, "gpu_curve_knee": knee(curve),
+        "gpu_curve": gpu_points, "gpu_curve_knee": knee(curve), "cluster_gpus": cluster,
     }
     if job.guaranteed and hasattr(engine, "min_res") and ref > 0:
         g, c = engine.min_res(inp, ref, cpg)
@@ -90,15 +93,14 @@ def render(info: dict) -> str:
                  f"{r['cpus']} CPUs, plan {r['plan']} -> {info['reference_samples_per_s']} samples/s (reference)")
     if "min_res" in info:
         lines.append(f"  minimum demand (min_res): {info['min_res']['gpus']} GPUs, {info['min_res']['cpus']} CPUs")
-    lines.append(f"  GPU sensitivity curve (best plan at each size; knee at {info['gpu_curve_knee']} GPUs):")
+    upto = f", up to the cluster's {info['cluster_gpus']} GPUs" if info.get("cluster_gpus") else ""
+    lines.append(f"  GPU sensitivity curve (best plan at each size{upto}; knee at {info['gpu_curve_knee']} GPUs):")
     for p in info["gpu_curve"]:
         lines.append(f"    {p['gpus']:>4} GPUs  {p['plan']:<28} {p['samples_per_s']:>10} samples/s"
                      f"  x{p['normalised']}")
     if "decision" in info:
         d = info["decision"]
-        alloc = ", ".join(f"{n}: {a['gpus']} GPUs {a['cpus']} CPUs {a['mem_gb']} GB" for n, a in d["allocation"].items())
-        lines.append(f"  last decision: {d['reason']} {d['detail']} -> {d['plan']} on [{alloc or 'nothing'}], "
-                     f"{d['samples_per_s']} samples/s")
+        lines.append(f"  last decision: {decision_sentence(d)}")
     if "cpu_curve" in info:
         pts = ", ".join(f"{p['cpus_per_gpu']}:{p['samples_per_s']}" for p in info["cpu_curve"])
         lines.append(f"  CPU sensitivity curve at this placement (CPUs per GPU: samples/s): {pts}")
@@ -108,3 +110,41 @@ def render(info: dict) -> str:
             t = "-" if p["iter_time_s"] is None else f"{p['iter_time_s']} s"
             lines.append(f"    {p['plan']:<28} {p['family']:<16} {t:>12} {p['samples_per_s']:>10} samples/s  {p['verdict']}")
     return "\n".join(lines)
+
+
+REASONS = {
+    "start": "started",
+    "keep": "kept its resources",
+    "guarantee": "given what its guarantee needs",
+    "shrunk": "shrunk to make room for another job",
+    "preempted": "preempted: its GPUs went to other jobs",
+    "queued": "waiting in the queue",
+    "node-lost": "its node was lost",
+    "cancelled": "cancelled by its owner",
+    "suspended": "suspended by its owner",
+}
+"""A decision's reason, in words."""
+
+DETAILS = {
+    "quota": lambda v: ("its tenant has no quota, so it runs as best-effort" if v == "none"
+                        else "its tenant's quota is used up, so it runs as best-effort"),
+    "guarantee": lambda v: f"guarantee: {v}",
+    "shrunk": lambda v: f"it took GPUs from {v}",
+    "by": lambda v: f"in favour of {v}",
+    "why": lambda v: str(v),
+    "slope": lambda v: f"it would gain {v} of its reference throughput per GPU more",
+    "normalised": lambda v: f"it runs at {v} x its reference throughput",
+}
+
+
+def decision_sentence(d: dict) -> str:
+    """The last decision about a job as a sentence with units: what, where, how fast, and why."""
+    what = REASONS.get(d["reason"], d["reason"] or "decided")
+    alloc = d.get("allocation") or {}
+    if alloc:
+        where = ", ".join(f"{a['gpus']} GPUs, {a['cpus']} CPUs and {a['mem_gb']:g} GB on {n}" for n, a in alloc.items())
+        what += f"; runs plan {d['plan']} on {where}, predicted {d['samples_per_s']:g} samples/s"
+    else:
+        what += "; holds no GPUs"
+    why = [DETAILS[k](v) for k, v in sorted((d.get("detail") or {}).items()) if k in DETAILS]
+    return what + ("" if not why else " (" + "; ".join(why) + ")")
