@@ -54,6 +54,9 @@ class JobState:
     """Latest plan the policy decided (may not be in force yet)."""
     decided_allocation: tuple[NodeShare, ...] = ()
     predicted_throughput: float = 0.0
+    decision_reason: str = ""
+    """Why the latest decision about it was made (`queued`, `shrunk`, `preempted`, `guarantee`, ...)."""
+    decision_detail: dict[str, str] = field(default_factory=dict)
     iterations_done: int = 0
     last_iter_time_s: float | None = None
     started_at: float | None = None
@@ -349,6 +352,7 @@ def _plan_decided(s: ClusterState, x: p.PlanDecided, t: float) -> None:
         if job is not None:
             job.decided_plan, job.decided_allocation = d.plan, d.allocation
             job.predicted_throughput = d.predicted_throughput
+            job.decision_reason, job.decision_detail = d.reason, dict(d.detail)
 
 
 def _tick(s: ClusterState, x: p.ClockTick, t: float) -> None:

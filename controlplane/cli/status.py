@@ -47,6 +47,32 @@ async def live_state(url: str, credentials=None) -> ClusterState:
     return state
 
 
+WHY = {"queued": "waiting for GPUs", "preempted": "its GPUs went to other jobs", "shrunk": "shrunk for another job",
+       "node-lost": "its node was lost", "suspended": "suspended by its owner", "cancelled": "cancelled by its owner"}
+
+
+def waiting_reason(job) -> str:
+    """Why a job waits or was cut back, from the policy's latest decision about it ('' when it runs as decided)."""
+    if job.status in ("completed", "failed"):
+        return ""
+    if job.status in ("suspended", "cancelled"):
+        return WHY[job.status]
+    reason = job.decision_reason
+    if job.status == "running" and reason != "shrunk":
+        return ""
+    words = WHY.get(reason, reason)
+    detail = job.decision_detail
+    if detail.get("quota") == "none":
+        words += "; its tenant has no quota (best-effort)"
+    elif detail.get("quota") == "exceeded":
+        words += "; its tenant's quota is used up (best-effort)"
+    if detail.get("by"):
+        words += f" ({detail['by']})"
+    if detail.get("guarantee"):
+        words += f"; guarantee: {detail['guarantee']}"
+    return words
+
+
 def render(state: ClusterState) -> str:
     lines = []
     gpus, cpus, mem = state.totals()
@@ -63,9 +89,10 @@ def render(state: ClusterState) -> str:
     for job in (state.jobs[k] for k in sorted(state.jobs)):
         plan = job.plan.code() if job.plan else (f"decided {job.decided_plan.code()}" if job.decided_plan else "-")
         where = " ".join(f"{s.node}:{s.gpus}" for s in job.allocation) or "-"
+        why = waiting_reason(job)
         lines.append(f"  {job.job_id:<24} {job.status:<10} {job.model_type:<10} {job.tenant:<10} "
                      f"{'G' if job.guaranteed else 'BE'}  iter {job.iterations_done}/{job.target_iterations}  "
-                     f"plan {plan}  on {where}")
+                     f"plan {plan}  on {where}" + (f"  why: {why}" if why else ""))
     for job_id in sorted(state.rejected):
         lines.append(f"  {job_id:<24} rejected   {state.rejected[job_id]}")
     lines.append(f"last scheduling round: {state.last_round if state.last_round >= 0 else '-'}; "

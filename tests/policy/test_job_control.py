@@ -60,6 +60,8 @@ def test_suspend_holds_and_resume_gives_back():
     assert d["a"].allocation == () and d["a"].reason == "suspended"
     run(core, [c.ev("job.preempted", JobPreempted(job_id="a", reason="suspended", iterations_done=12))])
     assert core.state.jobs["a"].status == "suspended"
+    from controlplane.cli.status import render
+    assert any(x.split()[:1] == ["a"] and x.endswith("why: suspended by its owner") for x in render(core.state).splitlines())
     assert decisions(run(core, [c.ev("node.registered", node("n1"))])) == {}, "a suspended job gets nothing"
     d = decisions(run(core, [c.ev("job.resume", ask("job.resume", "a"))]))
     assert sum(s.gpus for s in d["a"].allocation) > 0

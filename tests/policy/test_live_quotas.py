@@ -39,6 +39,10 @@ def test_a_quota_set_live_makes_a_tenants_guaranteed_job_guaranteed():
     assert core.engine.quotas == {"team-a": 8, "team-b": 8} and core.state.quotas() == {"team-a": 8, "team-b": 8}
     assert "quota" not in after["g"].detail and sum(s.gpus for s in after["g"].allocation) == 8
     assert after["b"].allocation == () and after["b"].detail["by"] == "g", "the guaranteed job takes precedence"
+    # `rubick status` says why b waits
+    from controlplane.cli.status import render
+    line = next(x for x in render(core.state).splitlines() if x.split()[:1] == ["b"])
+    assert line.endswith("why: its GPUs went to other jobs (g)"), line
 
 
 def test_quotas_that_cannot_apply_are_refused_and_change_nothing():
