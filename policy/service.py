@@ -220,6 +220,15 @@ class PolicyCore:
         if not runs:
             return (f"model {job.model_type} cannot run on any node: no execution plan fits in memory "
                     f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload")
+        if job.guaranteed and job.requested.gpus <= book.max_gpus:
+            # a guarantee is the performance of what the owner asked for: it must run on that
+            place = packed(job.requested.gpus, book.node_gpus)
+            if book.best(kind, place, cpg).throughput <= 0:
+                curve = book.gpu_curve(kind, cpg)
+                least = next((g for g in range(1, len(curve)) if curve[g] > 0), None)
+                need = f"; it needs at least {least} GPUs" if least else ""
+                return (f"guaranteed job {job.job_id}: no execution plan of {job.model_type} fits in memory on the "
+                        f"{job.requested.gpus} GPUs it asks for, so there is no performance to guarantee{need}")
         return None
 
     def _kind(self, model: ModelType, global_batch: int, plan) -> JobKind:

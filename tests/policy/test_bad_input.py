@@ -203,3 +203,19 @@ def test_fixed_resources_run_on_the_whole_request_even_when_fewer_gpus_would_be_
     d = decisions(out)["t"]
     assert sum(s.gpus for s in d.allocation) == 16
     assert d.plan.dp * d.plan.tp * d.plan.pp == 16
+
+
+def test_a_guaranteed_job_that_cannot_run_on_what_it_asks_for_is_refused_not_left_queued():
+    from .helpers import table_core
+
+    core = table_core("rubick", ("llama30", "gpt2"))
+    c = Clock()
+    out = []
+    for e in (c.ev("node.registered", node("n0")),
+              c.ev("job.submitted", job("big", "llama30", 16, Plan(dp=1), 1, guaranteed=True)),
+              c.ev("job.submitted", job("fits", "gpt2", 16, Plan(dp=1), 1, guaranteed=True))):
+        out += core.handle(e)
+    rejected = [e.payload for e in out if e.subject == "job.rejected"]
+    assert [r.job_id for r in rejected] == ["big"]
+    assert "fits in memory on the 1 GPUs it asks for" in rejected[0].reason and "at least" in rejected[0].reason
+    assert "big" in core.state.rejected and "fits" in core.state.jobs
