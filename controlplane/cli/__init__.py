@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "controlplane.cli.submit",
     "controlplane.cli.jobs",
     "controlplane.cli.quota",
+    "controlplane.cli.models",
     "controlplane.cli.schema",
     "controlplane.cli.log",
     "controlplane.cli.status",

@@ -74,3 +74,25 @@ def test_a_mistyped_flag_shows_its_own_commands_usage():
     proc = rubick("status", "--nats-ulr", "nats://x")
     err = proc.communicate(timeout=60)[1].decode()
     assert err.startswith("usage: rubick status") and "--nats-ulr" in err, err
+
+
+def test_the_known_model_types_are_listed(tmp_path, capsys, monkeypatch):
+    import dataclasses
+    import json
+
+    from controlplane.events import ModelRef, make
+    from controlplane.models import builtin_model_types
+
+    from .samples import NEW_SPEC, PAYLOADS
+
+    monkeypatch.delenv("RUBICK_NATS_URL", raising=False)
+    assert main(["models", "--json", "--data-dir", str(tmp_path)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [m["type"] for m in listed] == sorted(builtin_model_types()) and "gpt2" in {m["type"] for m in listed}
+    new = dataclasses.replace(PAYLOADS["job.submitted"], job_id="n1", model=ModelRef(type=NEW_SPEC.name, spec=NEW_SPEC))
+    write_log(tmp_path / "events", [("job.submitted", encode(make("job.submitted", new, time=1.0, id="s1",
+                                                                  source="t")), 1.0)],
+              config={}, params={}, sources={})
+    assert main(["models", "--log", str(tmp_path / "events")]) == 0
+    out = capsys.readouterr().out
+    assert f"{NEW_SPEC.name}  (added by a submission with its spec)" in out and "from the event log" in out
