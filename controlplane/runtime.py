@@ -323,6 +323,8 @@ class ControlPlane:
                "server_pid": self.server.proc.pid if self.server is not None and self.server.proc else None,
                "auth_dir": str(self.auth.folder.resolve()) if self.auth is not None else None,
                "tls_ca": str(Path(self.config.tls_ca).resolve()) if self.config.tls_ca else None}
+        if self.sim_clock is not None:  # what an outside publisher stamps its events with (docs/lifecycle.md)
+            doc.update(sim_speed=self.sim_clock.speed, sim_clock_origin=self.sim_clock.origin)
         (Path(self.config.data_dir) / ENDPOINTS).write_text(json.dumps(doc, indent=2) + "\n")
 
     @property

@@ -53,6 +53,8 @@ def test_suspend_resume_cancel_from_the_command_line(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         assert "ready in" in up.stdout.readline()
+        endpoints = json.loads((rk / "endpoints.json").read_text())
+        assert endpoints["sim_speed"] == 20 and endpoints["sim_clock_origin"] > 1e9, "for outside publishers' clocks"
         job_id = "roberta-demo-1"
         assert rubick("submit", str(JOB), "--data-dir", str(rk)).returncode == 0
         until_status(rk, job_id, "running")
