@@ -52,6 +52,23 @@ def nats_url_for_client(args: argparse.Namespace) -> str | None:
     return url
 
 
+def run_request(args: argparse.Namespace, request, what: str) -> int:
+    """Run `request(args, url)` against the server a client command talks to (`nats_url_for_client`): a
+    value the schema refuses is a usage error (exit 2, naming `what`), an unreachable server, refused
+    credentials or a forbidden publish exit 1 with the reason."""
+    from ..events import Invalid
+
+    url = nats_url_for_client(args)
+    if url is None:
+        return 2
+    try:
+        return asyncio.run(request(args, url))
+    except Invalid as exc:
+        return fail(f"{what}: {exc}")
+    except (ConnectionError, AuthError, PermissionError) as exc:
+        return fail(str(exc), 1)
+
+
 def fail(message: str, code: int = 2) -> int:
     print(f"rubick: {message}", file=sys.stderr)
     return code

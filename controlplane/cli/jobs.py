@@ -9,12 +9,10 @@ and its agents checkpoint and stop its processes.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from ..auth import AuthError, Identity
+from ..auth import Identity
 from ..client import Client
-from ..events import Invalid
-from .common import add_nats_args, credentials_for, fail, nats_url_for_client
+from .common import add_nats_args, credentials_for, run_request
 from .submit import _which
 
 VERBS = {"cancel": "cancelled: its resources are freed and its processes stop",
@@ -34,15 +32,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = nats_url_for_client(args)
-    if url is None:
-        return 2
-    try:
-        return asyncio.run(_request(args, url))
-    except Invalid as exc:
-        return fail(f"{args.verb} {args.job}: {exc}")
-    except (ConnectionError, AuthError) as exc:
-        return fail(str(exc), 1)
+    return run_request(args, _request, f"{args.verb} {args.job}")
 
 
 async def _request(args: argparse.Namespace, url: str) -> int:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from ..auth import AuthError, Identity
+from ..auth import Identity
 from ..client import Client
-from ..events import Invalid
-from .common import add_nats_args, credentials_for, fail, nats_url_for_client
+from .common import add_nats_args, credentials_for, fail, nats_url_for_client, run_request
 from .status import live_state
 from .submit import _which
 
@@ -40,15 +39,7 @@ def register(sub) -> None:
 def run_set(args: argparse.Namespace) -> int:
     if args.gpus < 0:
         return fail(f"a quota is a number of GPUs >= 0, not {args.gpus}")
-    url = nats_url_for_client(args)
-    if url is None:
-        return 2
-    try:
-        return asyncio.run(_set(args, url))
-    except Invalid as exc:
-        return fail(f"quota {args.tenant}: {exc}")
-    except (ConnectionError, AuthError, PermissionError) as exc:
-        return fail(str(exc), 1)
+    return run_request(args, _set, f"quota {args.tenant}")
 
 
 async def _set(args: argparse.Namespace, url: str) -> int:
