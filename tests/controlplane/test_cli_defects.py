@@ -32,8 +32,11 @@ def rubick(*args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE)
 
 
-def test_a_pipe_closed_early_ends_the_command_quietly(data_dir):
-    proc = rubick("log", "show", str(data_dir / "events"), "-n", "0", "--json")
+def test_a_pipe_closed_early_ends_the_command_quietly(tmp_path):
+    # far more output than a pipe holds, so the command is still writing when the reader goes away
+    records = [("clock.tick", encode(sample("clock.tick", i)), float(i)) for i in range(5000)]
+    write_log(tmp_path / "events", records, config={}, params={}, sources={})
+    proc = rubick("log", "show", str(tmp_path / "events"), "-n", "0", "--json")
     assert proc.stdout.readline().startswith(b"{")
     proc.stdout.close()  # as `| head -1` does
     err = proc.stderr.read().decode()
