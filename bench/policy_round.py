@@ -84,6 +84,8 @@ def agents(core, decided: list, t: float) -> None:
     """What the node agents answer to a round: a job given resources starts, a running job given
     others restarts under them, a running job given none stops (as in a live cluster)."""
     for ev in decided:
+        if ev.base != "plan.decided":
+            continue  # plan.pending: why jobs wait, nothing for the agents to do
         for d in ev.payload.decisions:
             job = core.state.jobs[d.job_id]
             if d.allocation and job.status != "running":
@@ -101,8 +103,9 @@ def agents(core, decided: list, t: float) -> None:
             core.state.apply(out)
 
 
-def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler) -> dict:
+def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, reasons: bool = True) -> dict:
     core, submit, rng = build(policy, nodes, jobs, seed, modeler)
+    core.reasons = core.engine.reasons = reasons
     tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
     t0 = time.perf_counter()
     decided = core.run_round(tick)
@@ -123,13 +126,30 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler) -> 
         t0 = time.perf_counter()
         decided = core.run_round(tick)
         times.append(time.perf_counter() - t0)
-        changed.append(sum(len(ev.payload.decisions) for ev in decided))
+        changed.append(sum(len(ev.payload.decisions) for ev in decided if ev.base == "plan.decided"))
         agents(core, decided, 1.0 + r)
     times.sort()
     placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
     return {"policy": policy, "gpus": nodes * 8, "jobs": jobs, "first_s": first, "median_s": statistics.median(times),
             "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed,
             "evaluations": core.engine.book.evaluations, "changed": statistics.median(changed)}
+
+
+def overhead(args, modeler) -> int:
+    """The cost of working out and publishing the pending reasons: the same rounds, reasons on and off,
+    alternating in one process; the ratio of the medians of the runs' median round times."""
+    print(f"policy {args.policy}; pending reasons on vs off, {args.repeats} alternating runs per setting")
+    print(f"{'GPUs':>6} {'jobs':>6} {'off median':>11} {'on median':>10} {'on/off':>7}")
+    for item in args.sizes.split(","):
+        gpus, jobs = (int(x) for x in item.split(":"))
+        rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
+        on, off = [], []
+        for _ in range(args.repeats):
+            off.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=False)["median_s"])
+            on.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=True)["median_s"])
+        a, b = statistics.median(off), statistics.median(on)
+        print(f"{gpus:>6} {jobs:>6} {a * 1e3:>9.2f}ms {b * 1e3:>8.2f}ms {b / a:>7.3f}")
+    return 0
 
 
 def _tick(seq: int):
@@ -143,8 +163,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--policy", default="rubick", choices=POLICIES)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--reasons-overhead", action="store_true",
+                    help="time each size with and without the pending reasons (plan.pending), alternating, "
+                         "and print the ratio of the medians")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per setting with --reasons-overhead")
     args = ap.parse_args(argv)
     modeler = make_core()
+    if args.reasons_overhead:
+        return overhead(args, modeler)
     print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size")
     print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'changed/round':>14} "
           f"{'plans evaluated':>16}")

@@ -4,7 +4,7 @@ It folds the cluster state and applies `ClusterState.check_submission` (job id
 reused, unknown model type, more resources than the cluster has, TP wider than
 any node), and a node's report on a job that is not placed on that node
 (`ClusterState.refusal`), and an owner's request that cannot apply (`job.cancel`, `job.suspend`,
-`job.resume` of an unknown, finished or other tenant's job: `ClusterState.control_refusal`);
+`job.resume`, `job.priority` of an unknown, finished or other tenant's job: `ClusterState.control_refusal`);
 schema-level problems never reach it, the shell answers those.
 """
 
@@ -32,7 +32,7 @@ class AdmissionCore:
             if verdict is not None:
                 reason, field, expected, got = verdict
                 out.append(make("job.rejected", Rejected(
-                    subject="job.submitted", reason=reason, field=field, expected=expected, got=got,
+                    subject="job.submitted", reason=reason, field=f"data.{field}", expected=expected, got=got,
                     event_id=event.id, job_id=sub.job_id), time=event.time, id=f"rej-{event.id}",
                     source=self.name))
         if event.base == "quota.set":

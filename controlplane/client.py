@@ -28,7 +28,7 @@ from .auth import Credentials, Identity, find_credentials
 from .bus.nats import JetStreamBus, redact_url
 from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
 from .events.catalog import rejection_subject
-from .events.payloads import JobControl, QuotaSet
+from .events.payloads import JobControl, JobPriority, QuotaSet
 from .events.schema import to_plain
 
 
@@ -131,6 +131,16 @@ class Client:
                      source: str = "client") -> SubmitResult:
         """Ask for a suspended job to be scheduled again; it resumes from its checkpoint."""
         return await self._control("job.resume", job_id, tenant, reason, wait_s, source)
+
+    async def set_priority(self, job_id: str, priority: int, *, tenant: str | None = None, reason: str = "",
+                           wait_s: float = 2.0, source: str = "client") -> SubmitResult:
+        """Change a job's priority (`job.priority`): the policy applies it at once. The verdict as for `submit`:
+        a `job.rejected` naming why (a priority out of range, an unknown job, one already over, another
+        tenant's), or None."""
+        import time as _time
+        payload = build(JobPriority, {"job_id": job_id, "priority": priority, "tenant": tenant, "reason": reason})
+        event = make("job.priority", payload, time=_time.time(), id=new_id("prio-"), source=source)
+        return await self._judged(event, wait_s)
 
     async def set_quota(self, tenant: str, gpus: int, *, new_tenant: bool = False, reason: str = "",
                         wait_s: float = 2.0, source: str = "client") -> SubmitResult:

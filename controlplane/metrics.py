@@ -44,6 +44,8 @@ ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 JOBS_PENDING = Gauge("rubick_jobs_pending", "Jobs waiting for GPUs (queued or preempted)", ["tenant"],
                      registry=REGISTRY)
+JOBS_WAITING = Gauge("rubick_jobs_waiting", "Jobs waiting or running short, by the policy's pending reason "
+                     "(plan.pending)", ["tenant", "reason"], registry=REGISTRY)
 JOBS_RUNNING = Gauge("rubick_jobs_running", "Jobs running", ["tenant"], registry=REGISTRY)
 GPUS_TOTAL = Gauge("rubick_gpus_total", "GPUs of the live nodes", registry=REGISTRY)
 GPUS_ALLOCATED = Gauge("rubick_gpus_allocated", "GPUs of live nodes the policy's decisions hold", registry=REGISTRY)

@@ -6,6 +6,8 @@ module reads the core's state (its `ClusterState` fold, its last outcomes, its p
 events it consumed and emitted, and sets the metrics of `controlplane.metrics`:
 
 - `rubick_jobs_pending{tenant}` (queued or preempted), `rubick_jobs_running{tenant}`;
+- `rubick_jobs_waiting{tenant,reason}`: jobs waiting or running short, by the pending reason of the
+  policy's latest `plan.pending` (docs/policy.md, "Why a job waits");
 - `rubick_gpus_total`, `rubick_gpus_allocated` (GPUs of live nodes that the policy's decisions hold),
   `rubick_gpus_free`;
 - `rubick_quota_gpus{tenant}` (the configured quota) and `rubick_quota_used_gpus{tenant}` (GPUs held by
@@ -84,6 +86,8 @@ class SchedulerMetrics:
     """rounds timed (live)"""
     _shown: set = field(default_factory=set)
     """tenant labels the gauges were set for (set to 0 once a tenant has no jobs)"""
+    _waiting_shown: set = field(default_factory=set)
+    """(tenant, reason) labels `rubick_jobs_waiting` was set for"""
     _refreshed: float = -math.inf
     _refs: dict = field(default_factory=dict)
     """job id -> (model version, reference throughput)"""
@@ -178,8 +182,11 @@ class SchedulerMetrics:
         guaranteed: dict[str, int] = {}
         behind: dict[str, int] = {}
         allocated = 0
+        waiting: dict[tuple[str, str], int] = {}
         for job in state.jobs_in("queued", "running", "preempted"):
             tenant = self.tenants(job.tenant)
+            if job.pending is not None:
+                waiting[tenant, job.pending.reason] = waiting.get((tenant, job.pending.reason), 0) + 1
             gpus = sum(s.gpus for s in job.decided_allocation if s.node in alive)
             allocated += gpus
             if job.status == "running":
@@ -212,6 +219,9 @@ class SchedulerMetrics:
             m.GUARANTEED_JOBS.labels(tenant).set(guaranteed.get(tenant, 0))
             m.GUARANTEED_BEHIND.labels(tenant).set(behind.get(tenant, 0))
         self._shown = tenants
+        for key in set(waiting) | self._waiting_shown:
+            m.JOBS_WAITING.labels(*key).set(waiting.get(key, 0))
+        self._waiting_shown = set(waiting) | self._waiting_shown
         overshoot = getattr(core.oracle, "overshoot", None)
         if isinstance(overshoot, dict):
             for kind, miss in sorted(overshoot.items()):

@@ -57,6 +57,10 @@ class JobState:
     decision_reason: str = ""
     """Why the latest decision about it was made (`queued`, `shrunk`, `preempted`, `guarantee`, ...)."""
     decision_detail: dict[str, str] = field(default_factory=dict)
+    pending: p.Pending | None = None
+    priority: int = 0
+    """From its submission, changed by `job.priority`."""
+    """Why it waits or runs short, from the policy's `plan.pending` (None: it does not, or not said)."""
     iterations_done: int = 0
     last_iter_time_s: float | None = None
     started_at: float | None = None
@@ -154,7 +158,7 @@ class ClusterState:
 
     def control_refusal(self, event: Event) -> tuple[str, str, str, str] | None:
         """(reason, field, expected, got) when an owner's request (`job.cancel`, `job.suspend`,
-        `job.resume`) cannot apply: an unknown job, one that is over, another tenant's, a suspended job
+        `job.resume`, `job.priority`) cannot apply: an unknown job, one that is over, another tenant's, a suspended job
         suspended again, a resume of a job that is not suspended. None: it applies."""
         x = event.payload
         job = self.jobs.get(x.job_id)
@@ -230,7 +234,7 @@ def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
     s.jobs[x.job_id] = JobState(
         job_id=x.job_id, tenant=x.tenant, guaranteed=x.guaranteed, model_type=x.model.type,
         global_batch_size=x.global_batch_size, requested_plan=x.plan, requested=x.resources,
-        target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec)
+        target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec, priority=x.priority)
 
 
 def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:
@@ -261,6 +265,8 @@ def _finished(status: str):
         held = job.status in _HELD and status == "preempted"  # its processes stopped as the owner asked
         job.status, job.allocation = (job.status if held else status), ()
         job.decided_allocation = ()  # its resources are free again (the decided plan stays as history)
+        if status != "preempted":
+            job.pending = None
         if status == "completed":
             job.finished_at = t
             job.iterations_done = max(job.iterations_done, x.iterations)
@@ -275,6 +281,7 @@ def _finished(status: str):
 def _cancel(s: ClusterState, x: p.JobControl, t: float) -> None:
     job = s.jobs[x.job_id]  # `refusal` made sure it is there
     job.status, job.finished_at, job.failure = "cancelled", t, x.reason or "cancelled by its owner"
+    job.pending = None
     job.decided_allocation = ()  # its resources are free now; its processes stop at the withdrawal
 
 
@@ -286,6 +293,10 @@ def _suspend(s: ClusterState, x: p.JobControl, t: float) -> None:
 def _resume(s: ClusterState, x: p.JobControl, t: float) -> None:
     job = s.jobs[x.job_id]
     job.status = "preempted" if job.started_at is not None else "queued"
+
+
+def _priority(s: ClusterState, x: p.JobPriority, t: float) -> None:
+    s.jobs[x.job_id].priority = x.priority  # `refusal` made sure it is there and not over
 
 
 def _quota_set(s: ClusterState, x: p.QuotaSet, t: float) -> None:
@@ -355,6 +366,17 @@ def _plan_decided(s: ClusterState, x: p.PlanDecided, t: float) -> None:
             job.decision_reason, job.decision_detail = d.reason, dict(d.detail)
 
 
+def _plan_pending(s: ClusterState, x: p.PlanPending, t: float) -> None:
+    for j in x.cleared:
+        job = s.jobs.get(j)
+        if job is not None:
+            job.pending = None
+    for entry in x.pending:
+        job = s.jobs.get(entry.job_id)
+        if job is not None and job.status not in _FINAL:
+            job.pending = entry
+
+
 def _tick(s: ClusterState, x: p.ClockTick, t: float) -> None:
     s.last_tick = max(s.last_tick, x.seq)
 
@@ -372,12 +394,14 @@ _HANDLERS = {
     "run.described": _described,
     "job.suspend": _suspend,
     "job.resume": _resume,
+    "job.priority": _priority,
     "node.registered": _node_registered,
     "node.heartbeat": _heartbeat,
     "node.lost": _node_lost,
     "metrics.iteration": _metrics,
     "model.updated": _model_updated,
     "plan.decided": _plan_decided,
+    "plan.pending": _plan_pending,
     "clock.tick": _tick,
 }
 

@@ -70,6 +70,9 @@ class JobIn:
     current_plan: Plan | None = None
     running: bool = False
     """The job has processes, or a launch under way, that a change would restart."""
+    priority: int = 0
+    """higher is scheduled first and may shrink lower-priority jobs whatever their slopes (a guarantee
+    still comes first); among equal priorities the slopes decide, as in Algorithm 1."""
     remaining_iters: float = math.inf
     target_iters: float = math.inf
     elapsed_s: float = 0.0
@@ -94,6 +97,9 @@ class Outcome:
     _detail: dict[str, str] | Callable[[], dict[str, str]] = field(repr=False)
     """the detail, or a function making it: most outcomes repeat the last round's and are never
     published, so their detail is worked out only when read."""
+    pending: tuple[str, int, dict[str, str]] | None = None
+    """(reason, fewest GPUs it can start on, detail) when the job holds no GPUs or fewer than it asked for
+    and could use (`controlplane.events.payloads.PENDING_REASONS`); None when it runs as it wants."""
 
     @property
     def detail(self) -> dict[str, str]:
@@ -191,6 +197,8 @@ class RubickEngine:
     least this much over its reference: predictions are trusted only so far (the modeler refits a
     type whose rolling error passes 10%). On its own request it runs its own plan unless another
     beats it by the margin."""
+    reasons: bool = True
+    """Work out each waiting or short job's pending reason (`Outcome.pending`); off only to measure its cost."""
     hold_s: float | None = None
     """A running job changed less than this long ago keeps its allocation against best-effort reasons
     (its own growth, a best-effort job's start or growth); only a guarantee under its minimum may
@@ -209,8 +217,9 @@ class RubickEngine:
         self.jobs: dict[str, _Job] = {}
         self.placed: dict[str, _Job] = {}
         """jobs holding GPUs (a superset: entries may have dropped to zero)."""
-        self.by_down: list[tuple[float, int, str]] = []
-        """(slope, -order, id) of every job holding GPUs over its minimum, lowest slope first."""
+        self.by_down: list[tuple[int, float, int, str]] = []
+        """(priority, slope, -order, id) of every job holding GPUs over its minimum, lowest priority, then
+        lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
@@ -218,7 +227,11 @@ class RubickEngine:
         self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold}
         self.held_back = False
         """whether holding a job changed this round's outcome (the round is worth running again later)"""
-        for inp in sorted(jobs, key=lambda j: (j.order, j.job_id)):
+        self.why: dict[str, str] = {}
+        """job -> why its last attempt to start or grow fell short (a pending reason)"""
+        self._skipped_held = False
+        self._quota_used: dict[str, int] = {}
+        for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
             job = self.jobs[inp.job_id] = self._prepare(inp)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
@@ -410,6 +423,7 @@ class RubickEngine:
         for job in self.jobs.values():
             if job.inp.guaranteed and not job.privileged:
                 self._best_effort(job)
+        self._quota_used = used
 
     def _repack(self, job: _Job) -> bool:
         """A guarantee that no placement meets because other guarantees hold a few GPUs on each of
@@ -526,8 +540,8 @@ class RubickEngine:
         keyed = []
         for j in pool:
             cpu = self._cpu_slope_up(j) if j.g else 0.0
-            keyed.append((-j.up(), -cpu, j.inp.order, j.id, j))
-        keyed.sort(key=lambda k: k[:4])
+            keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, j))
+        keyed.sort(key=lambda k: k[:5])
         return [k[-1] for k in keyed]
 
     # --- CPUs ---------------------------------------------------------------------------------
@@ -569,11 +583,10 @@ class RubickEngine:
                                  key=lambda n: (-avail[n][0], -avail[n][1], -self.free_g[n], n))
         order = mine + [n for n in self._free_nodes() if n not in seen]
         seen.update(order)
-        up = job.up()
-        if up > self.min_down + EPS:
+        if self._beats(job, self.lowest):
             shrinkable = set()
-            for slope, _, vid in self.by_down:
-                if slope + EPS >= up:
+            for prio, slope, _, vid in self.by_down:
+                if not self._beats(job, (prio, slope)):
                     break
                 if vid != job.id:
                     shrinkable.update(self.jobs[vid].g_on)
@@ -599,13 +612,20 @@ class RubickEngine:
             del self.by_down[bisect.bisect_left(self.by_down, old)]
         if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                 job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
-            key = (job.down(), -job.inp.order, job.id)
+            key = (job.inp.priority, job.down(), -job.inp.order, job.id)
             bisect.insort(self.by_down, key)
             self._dkey[job.id] = key
 
     @property
-    def min_down(self) -> float:
-        return self.by_down[0][0] if self.by_down else math.inf
+    def lowest(self) -> tuple[float, float]:
+        """(priority, slope) of the job that gives up a GPU most cheaply: the lowest priority, then slope."""
+        return self.by_down[0][:2] if self.by_down else (math.inf, math.inf)
+
+    @staticmethod
+    def _beats(job: _Job, rank: tuple[float, float]) -> bool:
+        """Whether `job` may take a GPU from a job of `rank` (priority, slope): a lower priority, or the same
+        priority and a slope below the job's own (Algorithm 1)."""
+        return rank[0] < job.inp.priority or (rank[0] == job.inp.priority and rank[1] + EPS < job.up())
 
     def _over_min(self, victim: _Job) -> bool:
         if victim.g - 1 < victim.min_g or victim.g <= 0:
@@ -613,23 +633,26 @@ class RubickEngine:
         return not self.fixed_resources
 
     def _lowest_slope_over_min(self, node: str, job: _Job, limit: float) -> _Job | None:
-        """The job on `node` with the lowest slope below `limit` that may give up a GPU there."""
+        """The job on `node` with the lowest priority, then slope, that `job` may take a GPU from (a slope
+        below `limit` among its own priority, any slope below it) and that may give up a GPU there."""
         best, best_key = None, None
         dkey = self._dkey
+        prio = job.inp.priority
         for vid in self.on_node[node]:
             if vid == job.id or vid not in dkey:  # not over its minimum when the attempt began
                 continue
             v = self.jobs[vid]
             down = v.down()
-            if down + EPS >= limit:
+            vp = v.inp.priority
+            if math.isfinite(limit) and (vp > prio or (vp == prio and down + EPS >= limit)):
                 continue
-            key = (down, -v.inp.order, vid)
+            key = (vp, down, -v.inp.order, vid)
             if best_key is not None and key >= best_key:
                 continue
             if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
                 continue
             if vid in self.held and job.g >= job.min_g:
-                self.held_back = True
+                self.held_back = self._skipped_held = True
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
             best, best_key = v, key
         return best
@@ -700,23 +723,27 @@ class RubickEngine:
         if job.g >= job.want_g and job.g >= job.min_g:
             return job.g > 0
         if job.g and job.g >= job.min_g and job.id in self.held:
-            if self._free_nodes() or job.up() > self.min_down + EPS:
+            if self._free_nodes() or self._beats(job, self.lowest):
                 self.held_back = True  # it could have grown
+                self.why[job.id] = "held"
             return True  # changed a moment ago: no growth before it has run a while
-        if not job.g_on and job.g >= job.min_g and job.up() <= self.min_down + EPS and not self._free_nodes():
+        if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._free_nodes():
+            self.why[job.id] = "no-gpus"
             return False
         jr = jr if jr is not None else _Journal()
         mark = len(jr.ops)
         before = (dict(job.g_on), dict(job.c_on), job.best)
         if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
             spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
-                                                   for _, _, vid in self.by_down if vid != job.id)
+                                                   for *_, vid in self.by_down if vid != job.id)
             if job.g + spare < job.min_g:
+                self.why[job.id] = "no-gpus"
                 return False
+        self._skipped_held = False
         victims: dict[str, _Job] = {}
-        floor = self.min_down
-        """the lowest slope any job may have: the index's (the slopes of when the attempt began),
-        or that of a job shrunk since"""
+        floor = self.lowest
+        """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
+        began), or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
         need = lambda: target - job.g  # noqa: E731
         for node in self._node_order(job) if only is None else only:
@@ -728,8 +755,8 @@ class RubickEngine:
             others = self.on_node[node]
             if not others or (len(others) == 1 and job.id in others):
                 continue  # nobody else to shrink here
-            if job.g >= job.min_g and job.up() <= floor + EPS:
-                continue  # no job anywhere has a slope below the job's own any more: free GPUs only
+            if job.g >= job.min_g and not self._beats(job, floor):
+                continue  # no job anywhere has a slope (or priority) below the job's own any more: free GPUs only
             while need() > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
                 victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up())
                 if victim is None:
@@ -737,14 +764,20 @@ class RubickEngine:
                 self._move(jr, node, victim, job, 1)
                 victims[victim.id] = victim
                 if self._over_min(victim):
-                    floor = min(floor, victim.down())
+                    floor = min(floor, (victim.inp.priority, victim.down()))
         touched = [job, *victims.values()]
-        if job.g < max(1, job.min_g) or not self._settle(jr, job):
+        gathered = job.g
+        if gathered < max(1, job.min_g) or not self._settle(jr, job):
             self._undo(jr, touched, mark)
+            self.why[job.id] = ("held" if self._skipped_held else "no-gpus") \
+                if gathered < max(1, job.min_g, self._least(job)) else "no-fit"
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
             self._undo(jr, touched, mark)
+            self.why[job.id] = "held"  # the restart rule: the gain would not pay the restart
             return True
+        if job.g < target:
+            self.why[job.id] = "held" if self._skipped_held else "no-gpus"
         self.placed[job.id] = job
         for t in touched:
             self._reindex(t)
@@ -888,18 +921,37 @@ class RubickEngine:
         return saved > self.restart_cost_s * restarts
 
     # --- the end of the round -----------------------------------------------------------------
+    def _least(self, job: _Job) -> int:
+        """The fewest GPUs on which some plan of the job fits in memory (0: none on this cluster)."""
+        def first() -> int:
+            hit = np.flatnonzero(job.curve > 0)
+            return int(hit[0]) if len(hit) else 0
+        return self.book.memo(job.inp.kind, ("least", job.cpg), first)
+
+    def _pending(self, job: _Job, gpus: int, why: str | None = None) -> tuple[str, int, dict[str, str]] | None:
+        """Why the job holds no GPUs, or fewer than it asked for and could use; None when it does not."""
+        if not self.reasons or gpus > 0 and gpus >= min(job.inp.requested_gpus, job.want_g):
+            return None
+        needs = max(1, job.min_g) if job.privileged else max(1, self._least(job))
+        quota = job.detail.get("quota")
+        if job.inp.guaranteed and quota is not None and not job.privileged:
+            return "quota", needs, {"quota": str(self._quota(job)),
+                                    "quota_used": str(self._quota_used.get(job.inp.tenant, 0))}
+        return why or self.why.get(job.id, "no-gpus"), needs, {}
+
     def _finish(self, job: _Job) -> Outcome:
         if job.g <= 0:
             reason = job.reason if job.reason in ("preempted", "node-lost") else (job.reason or "queued")
             if job.inp.current and reason == "queued":
                 reason = "preempted"
-            return Outcome(job.id, {}, None, 0.0, reason, job.detail)
+            return Outcome(job.id, {}, None, 0.0, reason, job.detail, self._pending(job, 0))
         cpg = self._cpg_of(job)
         best = self._best_on(job, tuple(job.g_on.values()), cpg)
         if job.privileged:
             best = self._guarded(job, best, tuple(job.g_on.values()))
         if best.plan is None:
-            return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"})
+            return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"},
+                           self._pending(job, 0, "no-fit"))
         plan = best.plan
         cur = job.inp.current_plan
         same_alloc = {n: (g, job.c_on.get(n, 0)) for n, g in job.g_on.items()} == \
@@ -936,4 +988,4 @@ class RubickEngine:
                 out["quota"] = quota
             out["normalised"] = f"{tput / ref:.4g}" if ref > 0 else "0"
             return out
-        return Outcome(job.id, shares, plan, tput, reason, detail)
+        return Outcome(job.id, shares, plan, tput, reason, detail, self._pending(job, sum(best.placement)))

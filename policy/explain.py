@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from controlplane.pending import sentence as pending_sentence
+
 from .curves import knee, packed
 from .plans import family
 
@@ -51,6 +53,12 @@ def explain_job(core, job_id: str, t: float) -> dict:
     if job.guaranteed and hasattr(engine, "min_res") and ref > 0:
         g, c = engine.min_res(inp, ref, cpg)
         out["min_res"] = {"gpus": g, "cpus": c}
+    pending = job.pending
+    if pending is not None and job.status in ("queued", "running", "preempted"):
+        out["pending"] = {"reason": pending.reason, "gpus": pending.gpus, "needs_gpus": pending.needs_gpus,
+                          "detail": dict(pending.detail),
+                          "sentence": pending_sentence(pending, getattr(engine, "restart_cost_s", None),
+                                                       getattr(core, "batch_s", None))}
     alloc = tuple(s.gpus for s in job.decided_allocation if s.gpus)
     last_outcome = core.last.get(job_id)
     if last_outcome is not None:
@@ -101,6 +109,8 @@ def render(info: dict) -> str:
     if "decision" in info:
         d = info["decision"]
         lines.append(f"  last decision: {decision_sentence(d)}")
+    if "pending" in info:
+        lines.append(f"  why it waits ({info['pending']['reason']}): {info['pending']['sentence']}")
     if "cpu_curve" in info:
         pts = ", ".join(f"{p['cpus_per_gpu']}:{p['samples_per_s']}" for p in info["cpu_curve"])
         lines.append(f"  CPU sensitivity curve at this placement (CPUs per GPU: samples/s): {pts}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from controlplane.events import Decision, Event, NodeShare, PlanDecided, Rejected, make
+from controlplane.events.payloads import Pending, PlanPending
 from controlplane.state import ClusterState, JobState
 from modeler.spec import ModelType, SpecError
 
@@ -38,7 +39,7 @@ from .oracle import ModelOracle, Oracle
 from .plans import ALL_FAMILIES
 
 ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.registered", "node.lost",
-                       "model.updated", "job.cancel", "job.suspend", "job.resume", "quota.set"})
+                       "model.updated", "job.cancel", "job.suspend", "job.resume", "job.priority", "quota.set"})
 WITHDRAWN = {"cancelled": "cancelled", "suspended": "suspended"}
 """Job states an owner's request put a job in -> the reason of the decision that takes its resources."""
 DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
@@ -83,6 +84,12 @@ class PolicyCore:
     tick_period_s: float = 0.0
     """the period the last clock.tick announced (0 = no tick seen: nothing may wait, and no job is
     held (`RubickEngine.hold_s`), since no tick would come to run the round a wait or a hold put off)"""
+    pending: dict[str, Pending] = field(default_factory=dict)
+    """job -> its pending reason as last published on `plan.pending`"""
+    pending_seq: int = 0
+    """`plan.pending` events published (their ids count them)"""
+    reasons: bool = True
+    """Publish `plan.pending`; off only to measure what it costs (bench/policy_round.py)."""
     _kinds: dict = field(default_factory=dict, repr=False)
     _runs: dict = field(default_factory=dict, repr=False)
 
@@ -104,12 +111,14 @@ class PolicyCore:
             if job is None or known_before:
                 return []
             self.order[job.job_id] = len(self.order)
-            why = self._cannot_run(job, event)
-            if why is not None:
+            verdict = self._cannot_run(job, event)
+            if verdict is not None:
+                why, where, expected, got = verdict
                 self.state.jobs.pop(job.job_id, None)
                 self.state.rejected[job.job_id] = why
-                return [make("job.rejected", Rejected(subject="job.submitted", reason=why, field="model",
-                                                      event_id=event.id, job_id=job.job_id),
+                return [make("job.rejected", Rejected(subject="job.submitted", reason=why, field=where,
+                                                      expected=expected, got=got, event_id=event.id,
+                                                      job_id=job.job_id),
                              time=event.time, id=f"policy-rej-{event.id}", source=self.name)]
         elif base == "model.updated" and isinstance(self.oracle, ModelOracle):
             self.oracle.update(event.payload)
@@ -139,6 +148,10 @@ class PolicyCore:
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
             self.dirty = True
+            if base == "job.submitted" and self.reasons:  # batched: it waits for the next round, and says so
+                job = self.state.jobs[event.payload.job_id]
+                out.extend(self._publish_pending(event, {job.job_id: Pending(job_id=job.job_id, reason="batch")},
+                                                 ()))
         if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
             for table in (self.last, self.changed_at, self.ref_iter, self.progress):
                 table.pop(event.payload.job_id, None)
@@ -199,14 +212,17 @@ class PolicyCore:
             self.models[job.model_type] = model
         return model
 
-    def _cannot_run(self, job: JobState, event: Event) -> str | None:
+    def _cannot_run(self, job: JobState, event: Event) -> tuple[str, str, str, str] | None:
+        """(reason, field, expected, got) when the job can never run here (refused at submission)."""
         model = self.model_of(job)
         if model is None:
-            return f"unknown model type {job.model_type!r}"
+            return (f"unknown model type {job.model_type!r}", "data.model.type", "one of " +
+                    ", ".join(sorted(self.models)), job.model_type)
         try:
             model.fwd_time_s
         except SpecError as exc:
-            return f"{exc}; profile the model type first (rubick profile)"
+            return (f"{exc}; profile the model type first (rubick profile)", "data.model.spec.fwd_time_s",
+                    "a profiled forward time", "nothing")
         book = self.engine.book
         # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
         kind = JobKind(model, job.global_batch_size, ALL_FAMILIES)
@@ -219,7 +235,8 @@ class PolicyCore:
             runs = self._runs[key] = bool(book.gpu_curve(kind, cpg).max() > 0 or book.gpu_curve(kind, 1).max() > 0)
         if not runs:
             return (f"model {job.model_type} cannot run on any node: no execution plan fits in memory "
-                    f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload")
+                    f"on up to {book.max_gpus} GPUs, even with ZeRO-Offload", "data.model.type",
+                    f"a model that fits on {book.max_gpus} GPUs", job.model_type)
         if job.guaranteed and job.requested.gpus <= book.max_gpus:
             # a guarantee is the performance of what the owner asked for: it must run on that
             place = packed(job.requested.gpus, book.node_gpus)
@@ -228,7 +245,8 @@ class PolicyCore:
                 least = next((g for g in range(1, len(curve)) if curve[g] > 0), None)
                 need = f"; it needs at least {least} GPUs" if least else ""
                 return (f"guaranteed job {job.job_id}: no execution plan of {job.model_type} fits in memory on the "
-                        f"{job.requested.gpus} GPUs it asks for, so there is no performance to guarantee{need}")
+                        f"{job.requested.gpus} GPUs it asks for, so there is no performance to guarantee{need}",
+                        "data.resources.gpus", f">= {least}" if least else "more GPUs", str(job.requested.gpus))
         return None
 
     def _kind(self, model: ModelType, global_batch: int, plan) -> JobKind:
@@ -251,7 +269,8 @@ class PolicyCore:
         remaining = max(0.0, job.target_iterations - done)
         return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
                      kind=self._kind(model, job.global_batch_size, job.requested_plan),
-                     order=self.order.get(job.job_id, len(self.order)), requested_gpus=job.requested.gpus,
+                     order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
+                     requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan, current=current,
                      current_plan=job.decided_plan if current else None,
                      running=job.status == "running" or bool(current),
@@ -272,6 +291,7 @@ class PolicyCore:
         if getattr(self.engine, "held_back", False):
             self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
+        pending_now = self._pending_of(outcomes, jobs) if self.reasons else {}
         for o in sorted(outcomes, key=lambda o: o.job_id):
             prev = self.last.get(o.job_id)
             job = self.state.jobs[o.job_id]
@@ -285,14 +305,53 @@ class PolicyCore:
             if prev is not None and prev.shares:
                 self._pause(o.job_id, event.time)
             decisions.append(to_decision(o))
-        if not decisions:
+        out = []
+        if decisions:
+            self.round += 1
+            payload = PlanDecided(round=self.round, policy=self.policy, decisions=tuple(decisions))
+            decided = make("plan.decided", payload, time=event.time, id=f"{self.policy}-round-{self.round}",
+                           source=self.name)
+            self.state.apply(decided)
+            out.append(decided)
+        if not self.reasons:
+            return out
+        for job_id in [j for j in self.pending if j not in pending_now and j not in self.state.open_jobs]:
+            del self.pending[job_id]  # over, suspended or cancelled: it leaves the set without a word
+        changed = {j: p for j, p in pending_now.items() if self.pending.get(j) != p}
+        cleared = sorted(j for j in self.pending if j not in pending_now)
+        return out + self._publish_pending(event, changed, cleared)
+
+    def _pending_of(self, outcomes: list[Outcome], jobs: list[JobIn]) -> dict[str, Pending]:
+        """Each waiting or short job's reason after a round (the engine's, or `no-gpus` for a job it did
+        not place and gave no reason for)."""
+        out = {}
+        for o in outcomes:
+            if o.pending is not None:
+                reason, needs, detail = o.pending
+                out[o.job_id] = Pending(job_id=o.job_id, reason=reason, gpus=sum(g for g, _, _ in o.shares.values()),
+                                        needs_gpus=needs, detail=detail)
+            elif not o.shares and o.reason not in WITHDRAWN:
+                out[o.job_id] = Pending(job_id=o.job_id, reason="no-fit" if "fits" in o.detail.get("why", "")
+                                        else "no-gpus")
+        seen = {o.job_id for o in outcomes}
+        for j in jobs:  # no node to run on: the engine was not asked
+            if j.job_id not in seen:
+                out[j.job_id] = Pending(job_id=j.job_id, reason="no-gpus")
+        return out
+
+    def _publish_pending(self, event: Event, changed: dict[str, Pending], cleared) -> list[Event]:
+        if not changed and not cleared:
             return []
-        self.round += 1
-        payload = PlanDecided(round=self.round, policy=self.policy, decisions=tuple(decisions))
-        decided = make("plan.decided", payload, time=event.time, id=f"{self.policy}-round-{self.round}",
-                       source=self.name)
-        self.state.apply(decided)
-        return [decided]
+        for j in cleared:
+            self.pending.pop(j, None)
+        self.pending.update(changed)
+        self.pending_seq += 1
+        payload = PlanPending(round=self.round, policy=self.policy,
+                              pending=tuple(changed[j] for j in sorted(changed)), cleared=tuple(cleared))
+        ev = make("plan.pending", payload, time=event.time, id=f"{self.policy}-pending-{self.pending_seq}",
+                  source=self.name)
+        self.state.apply(ev)
+        return [ev]
 
     def _withdrawn(self) -> list[Outcome]:
         """Jobs cancelled or suspended by their owner that still hold resources: an empty allocation each

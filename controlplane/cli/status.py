@@ -11,6 +11,7 @@ from ..bus.nats import JetStreamBus
 from ..eventlog import events as log_events
 from ..events import Invalid, decode
 from ..models import builtin_model_types
+from ..pending import short as pending_words
 from ..state import ClusterState, fold
 from ..auth import AuthError, Identity
 from .common import add_nats_args, credentials_for, fail, nats_url_for_client
@@ -58,8 +59,15 @@ def waiting_reason(job) -> str:
     if job.status in ("suspended", "cancelled"):
         return WHY[job.status]
     reason = job.decision_reason
+    if job.pending is not None:  # the policy's own reason, as of its latest round
+        words = pending_words(job.pending)
+        if job.decision_detail.get("by") and reason in ("preempted", "shrunk"):
+            words += f" ({reason} for {job.decision_detail['by']})"
+        return words
     if job.status == "running" and reason != "shrunk":
         return ""
+    if job.decided_allocation:
+        return "starting on the GPUs decided for it"
     words = WHY.get(reason, reason)
     detail = job.decision_detail
     if detail.get("quota") == "none":
@@ -91,7 +99,8 @@ def render(state: ClusterState) -> str:
         where = " ".join(f"{s.node}:{s.gpus}" for s in job.allocation) or "-"
         why = waiting_reason(job)
         lines.append(f"  {job.job_id:<24} {job.status:<10} {job.model_type:<10} {job.tenant:<10} "
-                     f"{'G' if job.guaranteed else 'BE'}  iter {job.iterations_done}/{job.target_iterations}  "
+                     f"{'G' if job.guaranteed else 'BE'}{f' prio {job.priority}' if job.priority else ''}  "
+                     f"iter {job.iterations_done}/{job.target_iterations}  "
                      f"plan {plan}  on {where}" + (f"  why: {why}" if why else ""))
     for job_id in sorted(state.rejected):
         lines.append(f"  {job_id:<24} rejected   {state.rejected[job_id]}")

@@ -15,12 +15,14 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "job.cancel": (p.JobControl, 1),
     "job.suspend": (p.JobControl, 1),
     "job.resume": (p.JobControl, 1),
+    "job.priority": (p.JobPriority, 1),
     "node.registered": (p.NodeRegistered, 1),
     "node.heartbeat": (p.NodeHeartbeat, 1),
     "node.lost": (p.NodeLost, 1),
     "metrics.iteration": (p.MetricsIteration, 1),
     "model.updated": (p.ModelUpdated, 1),
     "plan.decided": (p.PlanDecided, 1),
+    "plan.pending": (p.PlanPending, 1),
     "clock.tick": (p.ClockTick, 1),
     "node.rejected": (p.Rejected, 1),
     "metrics.rejected": (p.Rejected, 1),
@@ -34,7 +36,7 @@ SUBJECTS: dict[str, tuple[type, int]] = {
 }
 """Catalogue subject -> (payload class, current schema version)."""
 
-CONTROL = frozenset({"job.cancel", "job.suspend", "job.resume"})
+CONTROL = frozenset({"job.cancel", "job.suspend", "job.resume", "job.priority"})
 """An owner's requests about a job (submitters publish them; admission and the policy judge them alike)."""
 
 REJECTED_SUFFIX = ".rejected"

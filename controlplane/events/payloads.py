@@ -117,25 +117,43 @@ def _p(path: str, name: str) -> str:
 
 # --- jobs -----------------------------------------------------------------------
 
-@dataclass(frozen=True)
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
+"""A job's priority range (0 by default): higher runs first and may shrink lower ones (docs/policy.md)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSubmitted:
-    """A new training job."""
+    """A new training job. Give `resources` or `plan` or both: without a plan the owner's plan is plain data
+    parallelism over the requested GPUs; without resources, the plan's GPUs."""
 
     job_id: str = ident("job id, unique in the cluster for ever", "gpt2-0007")
     tenant: str = ident("tenant (team) that owns the job and whose quota it uses", "team-a")
     guaranteed: bool = spec("true: must get at least the performance of the requested plan and resources",
-                            example=True)
+                            default=False, example=True)
     model: ModelRef = spec("model type")
     global_batch_size: int = spec("samples per iteration; never changed by reconfiguration", ge=1, le=10**8,
                                   example=32)
-    plan: Plan = spec("the owner's execution plan")
-    resources: Resources = spec("the owner's requested resources")
+    plan: Plan | None = spec("the owner's execution plan; nil: `dp` = the requested GPUs, nothing else",
+                             default=None)
+    resources: Resources | None = spec("the owner's requested resources; nil: the plan's GPUs (dp*tp*pp), the "
+                                       "CPUs and memory the policy decides", default=None)
     target_iterations: int = spec("iterations to run before the job is complete", ge=1, le=10**12,
                                   example=1000)
     workload: Workload | None = spec("the job's own training code (docs/workloads.md); nil: the example "
                                      "trainer", default=None)
+    priority: int = spec("higher runs first and may take GPUs from lower-priority jobs; a guarantee comes first "
+                         "whatever the priority", ge=MIN_PRIORITY, le=MAX_PRIORITY, default=0, example=0)
+
+    def __post_init__(self) -> None:
+        if self.plan is None and self.resources is not None:
+            object.__setattr__(self, "plan", Plan(dp=self.resources.gpus))
+        elif self.resources is None and self.plan is not None:
+            object.__setattr__(self, "resources", Resources(gpus=self.plan.gpus))
 
     def check(self, path: str = "") -> None:
+        if self.plan is None or self.resources is None:
+            raise Invalid("give resources (at least gpus) or a plan", _p(path, "resources"),
+                          "resources.gpus or plan", "neither")
         if self.plan.gpus != self.resources.gpus:
             raise Invalid("plan dp*tp*pp must equal the requested GPUs", _p(path, "plan"),
                           f"{self.resources.gpus} GPUs", f"dp*tp*pp = {self.plan.gpus}")
@@ -158,7 +176,8 @@ class Rejected:
     event_id: str = spec("id of the refused event, where it could be read", default="", example="cli-1f3a")
     job_id: str | None = spec("job the message was about, where it could be read", default=None,
                               example="gpt2-0007")
-    stream_seq: int | None = spec("stream sequence of the refused message in the event log", ge=0,
+    stream_seq: int | None = spec("stream sequence of the refused message in the event log, set where its bytes "
+                                  "could not be read as an event (no `event_id`); nil otherwise", ge=0,
                                   default=None, example=41)
 
 
@@ -192,6 +211,18 @@ class JobControl:
     tenant: str | None = spec("the requester's tenant; when given it must be the job's owner", pattern=ID_PATTERN,
                               max_len=128, default=None, example="team-a")
     reason: str = spec("why, in the requester's words", max_len=500, default="", example="wrong dataset")
+
+
+@dataclass(frozen=True)
+class JobPriority:
+    """An owner's request to change a job's priority (`job.priority`): admission refuses it with `job.rejected`
+    when the job is unknown, over or another tenant's; the policy applies it at once."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    priority: int = spec("the new priority", ge=MIN_PRIORITY, le=MAX_PRIORITY, example=100)
+    tenant: str | None = spec("the requester's tenant; when given it must be the job's owner", pattern=ID_PATTERN,
+                              max_len=128, default=None, example="team-a")
+    reason: str = spec("why, in the requester's words", max_len=500, default="", example="deadline moved up")
 
 
 @dataclass(frozen=True)
@@ -335,6 +366,41 @@ class PlanDecided:
     round: int = spec("scheduling round number", ge=0, example=17)
     policy: str = spec("policy that decided", max_len=64, example="rubick")
     decisions: tuple[Decision, ...] = spec("one entry per affected job")
+
+
+PENDING_REASONS = ("no-gpus", "quota", "no-fit", "held", "batch")
+"""Why a job waits or runs short (docs/policy.md, "Why a job waits"): `no-gpus` not enough GPUs free, nor
+held by jobs that would gain less from them, for its minimum; `quota` its tenant's guaranteed quota is used
+up, so it competes as best-effort; `no-fit` GPUs are free but no plan of it fits in GPU memory, CPUs or host
+memory on the free nodes; `held` the GPUs it needs belong to a job changed too recently to restart again, or
+the gain of a change would not pay the restart (the restart rule); `batch` its submission waits for the next
+batched round. A job that cannot run at any size is not pending: it is refused with `job.rejected`."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Why one job holds no GPUs, or fewer than it asked for and could use, after a round."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    reason: str = spec("reason code", choices=PENDING_REASONS, example="no-gpus")
+    gpus: int = spec("GPUs it holds after the round (0 = queued)", ge=0, le=MAX_GPUS, default=0, example=0)
+    needs_gpus: int = spec("the fewest GPUs it can start on: its guarantee's minimum demand, else the fewest on "
+                           "which a plan of it fits in memory", ge=0, le=MAX_GPUS, default=0, example=2)
+    detail: dict[str, str] = spec("reason details: `quota` and `quota_used` (GPUs) for `quota`",
+                                  default_factory=dict, example={})
+
+
+@dataclass(frozen=True)
+class PlanPending:
+    """What changed in the policy's pending reasons: published when a round (or a batched submission)
+    changes why a job waits or runs short. `pending` lists the jobs whose reason is new or changed, `cleared`
+    those no longer waiting or short (a suspended job among them); a job that ends (completes, fails or is
+    cancelled) leaves the set without a word."""
+
+    round: int = spec("the policy's latest `plan.decided` round at the time", ge=0, example=17)
+    policy: str = spec("policy that decided", max_len=64, example="rubick")
+    pending: tuple[Pending, ...] = spec("jobs whose pending reason is new or changed", default=())
+    cleared: tuple[str, ...] = spec("jobs that no longer wait or run short", default=())
 
 
 @dataclass(frozen=True)

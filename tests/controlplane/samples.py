@@ -6,7 +6,8 @@ from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, J
                                  JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
                                  NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
                                  Resources, make)
-from controlplane.events.payloads import JobControl, ModelDescription, QuotaSet, RunDescribed
+from controlplane.events.payloads import (JobControl, JobPriority, ModelDescription, Pending, PlanPending,
+                                          QuotaSet, RunDescribed)
 
 PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
 ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
@@ -26,6 +27,7 @@ PAYLOADS = {
     "job.cancel": JobControl(job_id="gpt2-0007", tenant="team-a", reason="wrong dataset"),
     "job.suspend": JobControl(job_id="gpt2-0007", tenant="team-a", reason="make room for a deadline"),
     "job.resume": JobControl(job_id="gpt2-0007", tenant="team-a"),
+    "job.priority": JobPriority(job_id="gpt2-0007", priority=100, tenant="team-a", reason="deadline moved up"),
     "quota.set": QuotaSet(tenant="team-a", gpus=32, new_tenant=True, reason="quarterly plan"),
     "node.registered": NodeRegistered(node="node-0", gpus=8, gpu_mem_gb=80.0, cpus=96, mem_gb=1600.0,
                                       gpu_type="A800-80GB", nvlink_gbps=400.0, pcie_gbps=32.0, network_gbps=100.0),
@@ -42,6 +44,9 @@ PAYLOADS = {
                  detail={"gpu_slope": "0.31"}),
         Decision(job_id="bert-0002", allocation=(), plan=None, reason="preempted",
                  detail={"shrunk_by": "gpt2-0007"}))),
+    "plan.pending": PlanPending(round=17, policy="rubick", pending=(
+        Pending(job_id="bert-0002", reason="quota", gpus=0, needs_gpus=2, detail={"quota": "16", "quota_used": "16"}),
+        Pending(job_id="vit-0003", reason="no-fit", gpus=0, needs_gpus=4)), cleared=("gpt2-0007",)),
     "clock.tick": ClockTick(seq=120, period_s=60.0),
     "run.described": RunDescribed(
         service="policy", policy="rubick", restart_cost_s=78.0, batch_s=60.0, refit_min_gain=0.1,

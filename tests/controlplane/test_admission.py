@@ -103,7 +103,7 @@ async def test_resources_beyond_the_cluster_are_refused():
     await run_shell(bus, 2)
     ((subject, rej),) = rejections(bus)
     assert (subject, rej.reason, rej.field, rej.expected, rej.got) == \
-        ("job.rejected", "more GPUs than the cluster has", "resources.gpus", "<= 8", "16")
+        ("job.rejected", "more GPUs than the cluster has", "data.resources.gpus", "<= 8", "16")
 
 
 async def test_restart_rebuilds_state_from_the_stream():

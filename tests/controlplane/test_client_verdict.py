@@ -61,7 +61,7 @@ async def test_a_submit_returns_at_its_verdict(js_bus):
             assert info.ack_floor.stream_seq >= accepted.seq
 
         refused = await client.submit(job("llama-2", model="no-such-model"), wait_s=WINDOW)
-        assert refused.rejected is not None and refused.rejected.field == "model.type"
+        assert refused.rejected is not None and refused.rejected.field == "data.model.type"
         by_policy = await client.submit(job("vit-9"), wait_s=WINDOW)
         assert by_policy.rejected is not None and by_policy.rejected.reason == "no plan fits"
     finally:

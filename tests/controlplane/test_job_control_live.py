@@ -1,4 +1,4 @@
-"""`rubick suspend|resume|cancel` and `rubick quota set|show` against a running `rubick up` with a simulated
+"""`rubick suspend|resume|cancel|priority` and `rubick quota set|show` against a running `rubick up` with a simulated
 cluster (simulated node agents over the real bus and a real nats-server): the job stops, waits, runs again,
 ends cancelled; a quota changes live; what cannot apply is refused with exit 1 and the reason; the log
 replays byte for byte."""
@@ -67,6 +67,13 @@ def test_suspend_resume_cancel_from_the_command_line(tmp_path):
 
         assert rubick("resume", job_id, "--data-dir", str(rk)).returncode == 0
         until_status(rk, job_id, "running")
+
+        prio = rubick("priority", job_id, "20", "--data-dir", str(rk), "--reason", "deadline")
+        assert prio.returncode == 0 and "priority set to 20" in prio.stdout, prio.stdout + prio.stderr
+        bad = rubick("priority", job_id, "5000", "--data-dir", str(rk))
+        assert bad.returncode == 2 and "priority: out of range (expected <= 1000, got 5000)" in bad.stderr
+        line = next(x for x in rubick("status", "--data-dir", str(rk)).stdout.splitlines() if x.split()[:1] == [job_id])
+        assert "prio 20" in line, line
 
         other = rubick("cancel", job_id, "--data-dir", str(rk), "--tenant", "team-z")
         assert other.returncode == 1 and "belongs to another tenant" in other.stdout and "data.tenant" in other.stdout

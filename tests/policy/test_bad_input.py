@@ -83,7 +83,9 @@ def test_a_node_lost_moves_its_jobs_and_is_never_allocated_again():
 def test_a_round_with_no_nodes_decides_nothing_and_a_node_arriving_starts_the_queue():
     core = make_policy("rubick", **_table())
     c = Clock()
-    assert core.handle(c.ev("job.submitted", job("a", "roberta", 64, Plan(dp=1), 1, 8))) == []
+    out = core.handle(c.ev("job.submitted", job("a", "roberta", 64, Plan(dp=1), 1, 8)))
+    assert [e.subject for e in out] == ["plan.pending"]  # no decision; it waits, and says why
+    assert [(p.job_id, p.reason) for p in out[0].payload.pending] == [("a", "no-gpus")]
     out = core.handle(c.ev("node.registered", node("n0")))
     assert decisions(out)["a"].allocation
 

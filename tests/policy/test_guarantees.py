@@ -12,7 +12,7 @@ from policy.engine import RubickEngine
 from policy.oracle import from_modeler
 from policy.registry import POLICIES, make_policy
 
-from .helpers import ALGORITHM_ONLY, Clock, completed, job, node
+from .helpers import ALGORITHM_ONLY, Clock, completed, decisions, job, node
 
 MODELER = make_core()
 
@@ -118,6 +118,6 @@ def test_a_guaranteed_job_shrinks_best_effort_jobs_to_get_its_guarantee():
     assert sum(sum(g for g, _, _ in o.shares.values()) for o in core.last.values()) == 8  # best effort fills the node
     out = core.handle(c.ev("job.submitted", job("g", "gpt2", 16, Plan(dp=4, zero_stage=2), 4, 32, guaranteed=True, tenant="a")))
     check_round(core)
-    d = {x.job_id: x for e in out for x in e.payload.decisions}
+    d = decisions(out)
     assert d["g"].allocation and d["g"].reason == "guarantee"
     assert any(x.reason in ("shrunk", "preempted") for x in d.values() if x.job_id != "g")

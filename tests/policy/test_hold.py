@@ -74,11 +74,14 @@ def test_a_burst_of_best_effort_submissions_on_a_full_cluster_waits_for_one_roun
     core, c = full_cluster(60.0)
     rounds = core.round
     for i in range(3):
-        assert core.handle(c.ev("job.submitted", job(f"b{i}", "bert", 32, BERT, 1, iters=10**6))) == []
+        out = core.handle(c.ev("job.submitted", job(f"b{i}", "bert", 32, BERT, 1, iters=10**6)))
+        assert [e.subject for e in out] == ["plan.pending"]  # no round: it says it waits for the batch
+        assert [(p.job_id, p.reason) for p in out[0].payload.pending] == [(f"b{i}", "batch")]
+        assert core.state.jobs[f"b{i}"].pending.reason == "batch"
     assert core.round == rounds and core.dirty
     out = core.handle(tick(c, 1, 57.0))
     assert core.round == rounds + 1  # the three, in one round
-    assert {d.job_id for e in out for d in e.payload.decisions} >= {"b0", "b1", "b2"}
+    assert set(decisions(out)) >= {"b0", "b1", "b2"}
     assert sum(gpus(core, j) for j in ("a", "b0", "b1", "b2")) == 8
     check_round(core)
 

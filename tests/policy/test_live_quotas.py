@@ -42,7 +42,7 @@ def test_a_quota_set_live_makes_a_tenants_guaranteed_job_guaranteed():
     # `rubick status` says why b waits
     from controlplane.cli.status import render
     line = next(x for x in render(core.state).splitlines() if x.split()[:1] == ["b"])
-    assert line.endswith("why: its GPUs went to other jobs (g)"), line
+    assert line.endswith("why: no GPUs free for its minimum of 1 GPU (preempted for g)"), line
 
 
 def test_quotas_that_cannot_apply_are_refused_and_change_nothing():

@@ -105,6 +105,12 @@ async def test_the_shell_exports_jobs_gpus_quota_guarantees_reconfigurations_ref
     assert value("rubick_gpus_allocated") == sum(held.values())
     assert value("rubick_gpus_free") == 16 - sum(held.values())
     assert value("rubick_jobs_pending", tenant=a) == 1 and value("rubick_jobs_pending", tenant=b) == 2
+    waits: dict = {}
+    for j in feed.core.state.jobs.values():
+        if j.pending is not None:
+            waits[j.tenant, j.pending.reason] = waits.get((j.tenant, j.pending.reason), 0) + 1
+    for (t, r), n in waits.items():  # the pending reasons, as the policy published them
+        assert value("rubick_jobs_waiting", tenant=t, reason=r) == n
     assert value("rubick_jobs_running", tenant=a) == 0
     assert value("rubick_quota_gpus", tenant=a) == 8 and value("rubick_quota_gpus", tenant=b) == 0
     assert value("rubick_quota_used_gpus", tenant=a) == held["sm-g"]

@@ -29,8 +29,9 @@ def setup(parts, target=1000, restart=78.0, sample=600.0, **kw):
     agents = SimulatedAgents(ground_truth(parts), restart_cost_s=restart, sample_every_s=sample, **kw)
     for i in range(2):
         agents.handle(ev("node.registered", NodeRegistered(f"n{i}", 8, 80.0, 96, 1600.0), 0.0))
-    sub = JobSubmitted("bert-1", "default", False, ModelRef("bert"), 32, Plan(dp=4, zero_stage=2),
-                       Resources(4, 32), target)
+    sub = JobSubmitted(job_id="bert-1", tenant="default", guaranteed=False, model=ModelRef("bert"),
+                       global_batch_size=32, plan=Plan(dp=4, zero_stage=2), resources=Resources(4, 32),
+                       target_iterations=target)
     agents.handle(ev("job.submitted", sub, 0.0))
     return agents
 
@@ -130,7 +131,8 @@ def test_impossible_configurations_fail_the_job(parts):
 def test_overcommitted_nodes_are_counted(parts):
     agents = setup(parts)
     agents.handle(decide(0.0, "bert-1", (NodeShare("n0", 4, 32),), ZERO4))
-    sub = JobSubmitted("bert-2", "default", False, ModelRef("bert"), 32, Plan(dp=8), Resources(8, 64), 10)
+    sub = JobSubmitted(job_id="bert-2", tenant="default", guaranteed=False, model=ModelRef("bert"), global_batch_size=32,
+                       plan=Plan(dp=8), resources=Resources(8, 64), target_iterations=10)
     agents.handle(ev("job.submitted", sub, 0.0))
     agents.handle(decide(1.0, "bert-2", (NodeShare("n0", 8, 64),), Plan(dp=8), 2))
     assert agents.capacity_violations == [(1.0, "n0", 12, 8)]

@@ -42,7 +42,9 @@ def test_every_recorded_decision_is_reproduced(recorded):
     assert n > 0 and result.checked["plan.decided"] == n == result.plan_decided_recorded
     assert result.checked.get("model.updated", 0) == out.summary["events"].get("model.updated", 0)
     only = verify(d / "events", only=("policy",))
-    assert only.ok and only.checked == {"plan.decided": n}
+    pending = out.summary["events"].get("plan.pending", 0)
+    assert pending > 0 and result.checked["plan.pending"] == pending  # why jobs waited: replayed too
+    assert only.ok and only.checked == {"plan.decided": n, "plan.pending": pending}
 
 
 def test_a_changed_decision_is_caught_at_its_event(recorded, tmp_path):

@@ -37,8 +37,9 @@ def test_timers_due_before_a_message_fire_before_it_is_handled(parts):
     clock = ScriptedClock(readings=(first_sample / 2, first_sample + 5.0))
     bus = MemoryBus(clock=lambda: 0.0)
     shell = SimAgentsShell(agents, bus, clock)
-    agents.handle(make("job.submitted", JobSubmitted("bert-2", "default", False, ModelRef("bert"), 32, plan,
-                                                     Resources(4, 32), 100), time=0.5, id="sub-2", source="test"))
+    agents.handle(make("job.submitted", JobSubmitted(job_id="bert-2", tenant="default", guaranteed=False,
+                                                     model=ModelRef("bert"), global_batch_size=32, plan=plan,
+                                                     resources=Resources(4, 32), target_iterations=100), time=0.5, id="sub-2", source="test"))
     msg = decide(1.0, "bert-2", (NodeShare("n1", 4, 32),), plan, rnd=2)  # its start reaches the shell late
 
     async def go() -> list:
