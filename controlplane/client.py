@@ -142,13 +142,16 @@ class Client:
         event = make("job.priority", payload, time=_time.time(), id=new_id("prio-"), source=source)
         return await self._judged(event, wait_s)
 
-    async def set_quota(self, tenant: str, gpus: int, *, new_tenant: bool = False, reason: str = "",
-                        wait_s: float = 2.0, source: str = "client") -> SubmitResult:
+    async def set_quota(self, tenant: str, gpus: int | None = None, *, share: float | None = None,
+                        new_tenant: bool = False, reason: str = "", wait_s: float = 2.0,
+                        source: str = "client") -> SubmitResult:
         """Set a tenant's quota (`quota.set`; the bootstrap identity's right): the GPUs its guaranteed jobs
-        may hold, applied by the policy at once. The verdict: a `quota.rejected` naming why (an unknown
-        tenant without `new_tenant`, more GPUs than the cluster has), or None."""
+        may hold, or their `share` (0..1) of the live nodes' GPUs, applied by the policy at once. The verdict:
+        a `quota.rejected` naming why (an unknown tenant without `new_tenant`, more GPUs than the cluster
+        has), or None."""
         import time as _time
-        payload = build(QuotaSet, {"tenant": tenant, "gpus": gpus, "new_tenant": new_tenant, "reason": reason})
+        payload = build(QuotaSet, {"tenant": tenant, "gpus": gpus, "share": share, "new_tenant": new_tenant,
+                                   "reason": reason})
         event = make("quota.set", payload, time=_time.time(), id=new_id("quota-"), source=source)
         return await self._judged(event, wait_s)
 

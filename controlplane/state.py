@@ -9,6 +9,8 @@ job, so every folder reaches the same verdict without waiting for the
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -90,6 +92,8 @@ class ClusterState:
     """The quotas the policy started with (its `run.described`); None: every tenant unlimited."""
     quota_changes: dict[str, int] = field(default_factory=dict)
     """tenant -> GPUs, from `quota.set`, in order: they override the start-up quotas."""
+    quota_shares: dict[str, float] = field(default_factory=dict)
+    """tenant -> share of the live nodes' GPUs, from `quota.set` with a share (instead of GPUs)."""
     last_round: int = -1
     last_tick: int = -1
     time: float = 0.0
@@ -111,9 +115,11 @@ class ClusterState:
 
     def quotas(self) -> dict[str, int] | None:
         """The quotas in force: the start-up ones overlaid with every `quota.set`; None: none at all."""
-        if self.start_quotas is None and not self.quota_changes:
+        if self.start_quotas is None and not self.quota_changes and not self.quota_shares:
             return None
-        return {**(self.start_quotas or {}), **self.quota_changes}
+        total = self.totals()[0]
+        shares = {t: int(math.floor(s * total + 1e-9)) for t, s in self.quota_shares.items()}
+        return {**(self.start_quotas or {}), **self.quota_changes, **shares}
 
     def tenants(self) -> set[str]:
         return {j.tenant for j in self.jobs.values()} | set(self.quotas() or {})
@@ -126,7 +132,7 @@ class ClusterState:
             return ("unknown tenant (set new_tenant for a tenant with no job yet)", "data.tenant",
                     f"one of {known}", x.tenant)
         gpus = self.totals()[0]
-        if self.alive_nodes() and x.gpus > gpus:
+        if x.gpus is not None and self.alive_nodes() and x.gpus > gpus:
             return ("more GPUs than the cluster has", "data.gpus", f"<= {gpus}", str(x.gpus))
         return None
 
@@ -302,7 +308,11 @@ def _priority(s: ClusterState, x: p.JobPriority, t: float) -> None:
 def _quota_set(s: ClusterState, x: p.QuotaSet, t: float) -> None:
     if s.quota_refusal(x) is None:
         s.quota_changes.pop(x.tenant, None)
-        s.quota_changes[x.tenant] = x.gpus
+        s.quota_shares.pop(x.tenant, None)
+        if x.share is not None:
+            s.quota_shares[x.tenant] = x.share
+        else:
+            s.quota_changes[x.tenant] = x.gpus
 
 
 def _described(s: ClusterState, x: p.RunDescribed, t: float) -> None:

@@ -147,7 +147,8 @@ class _Simple:
         mem = 0.0
         if best.plan.offload:
             mem = self.book.oracle.host_mem_gb(job.kind.model, job.kind.global_batch, best.placement, best.plan)
-        shares = {n: (g, c, round(mem / len(shares), 3)) for n, (g, c, _) in shares.items()}
+        asked = job.requested_mem_gb / max(1, job.requested_gpus)  # the owner's memory, per GPU held
+        shares = {n: (g, c, round(max(mem / len(shares), asked * g), 3)) for n, (g, c, _) in shares.items()}
         return Outcome(job.job_id, shares, best.plan, best.throughput, reason, detail or {})
 
     def _quota_ok(self, job: JobIn, used: dict[str, int]) -> bool:

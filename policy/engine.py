@@ -65,6 +65,9 @@ class JobIn:
     requested_gpus: int
     requested_cpus: int
     requested_plan: Plan
+    requested_mem_gb: float = 0.0
+    """host memory the owner asked for (0: the policy decides); the job gets at least its share of it per
+    GPU it holds, on every node."""
     current: dict[str, tuple[int, int]] = field(default_factory=dict)
     """node -> (GPUs, CPUs) decided in an earlier round."""
     current_plan: Plan | None = None
@@ -894,11 +897,14 @@ class RubickEngine:
             v.forced = True
 
     def _alloc_mem(self, jr: _Journal, job: _Job, best: Best) -> bool:
+        """AllocMem: on each node, the plan's host memory (ZeRO-Offload's optimizer state, split over the
+        nodes) and `mem_per_gpu_gb` per GPU, or the owner's requested memory per GPU held, whichever is more."""
         need = self.book.oracle.host_mem_gb(job.inp.kind.model, job.inp.kind.global_batch, best.placement,
                                             best.plan) if best.plan.offload else 0.0
         per_node = need / max(1, len(job.g_on))
+        asked = job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
         for node in sorted(job.g_on):
-            want = per_node + self.mem_per_gpu_gb * job.g_on[node]
+            want = max(per_node + self.mem_per_gpu_gb * job.g_on[node], asked * job.g_on[node])
             have = job.mem_on.get(node, 0.0)
             if self.free_m[node] + have < want - 1e-9:
                 return False

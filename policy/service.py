@@ -135,10 +135,10 @@ class PolicyCore:
             p.iterations, p.at = max(p.iterations, event.payload.iterations_done), event.time
         elif base == "clock.tick":
             self.tick_period_s = float(event.payload.period_s)
-        elif base == "quota.set" and self.state.quota_changes.get(event.payload.tenant) == event.payload.gpus:
+        elif base == "quota.set" and self.state.quota_refusal(event.payload) is None:
             # applied by the fold (admission's checks passed): the engine charges guaranteed jobs to it from now on
             if hasattr(self.engine, "quotas"):
-                self.engine.quotas = {**(self.engine.quotas or {}), event.payload.tenant: event.payload.gpus}
+                self.engine.quotas = self.state.quotas()
         if base in ("job.completed", "job.failed"):
             self.last.pop(event.payload.job_id, None)
             self.changed_at.pop(event.payload.job_id, None)
@@ -271,7 +271,8 @@ class PolicyCore:
                      kind=self._kind(model, job.global_batch_size, job.requested_plan),
                      order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
                      requested_gpus=job.requested.gpus,
-                     requested_cpus=job.requested.cpus, requested_plan=job.requested_plan, current=current,
+                     requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,
+                     requested_mem_gb=float(job.requested.mem_gb), current=current,
                      current_plan=job.decided_plan if current else None,
                      running=job.status == "running" or bool(current),
                      remaining_iters=remaining if remaining > 0 else math.inf,
@@ -282,6 +283,8 @@ class PolicyCore:
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
         self.dirty = False
+        if self.state.quota_shares and hasattr(self.engine, "quotas"):
+            self.engine.quotas = self.state.quotas()  # a share follows the live nodes' GPUs
         self.last_round_at = event.time
         nodes = [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in self.state.alive_nodes()]
         jobs = [j for j in (self.job_in(js, event.time) for js in self.state.jobs_in("queued", "running",

@@ -1,6 +1,7 @@
-"""`rubick quota set TENANT GPUS` and `rubick quota show`: tenants' quotas, live (docs/policy.md).
+"""`rubick quota set TENANT GPUS|SHARE%` and `rubick quota show`: tenants' quotas, live (docs/policy.md).
 
-A quota is the GPUs a tenant's guaranteed jobs may hold (each is charged its minimum demand). `set`
+A quota is the GPUs a tenant's guaranteed jobs may hold (each is charged its minimum demand), as a number
+of GPUs or as a share of the live nodes' GPUs (`25%`, which follows the cluster's size). `set`
 publishes `quota.set` with the bootstrap identity (an operator's right): admission refuses an unknown
 tenant (a likely typo; `--new` for a tenant with no job yet) or more GPUs than the cluster has, with
 `quota.rejected`; the policy applies the rest at once, and the change is in the event log, so replay
@@ -25,7 +26,8 @@ def register(sub) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     s = verbs.add_parser("set", help="set a tenant's quota (applied at once, recorded)")
     s.add_argument("tenant")
-    s.add_argument("gpus", type=int, help="GPUs the tenant's guaranteed jobs may hold (0: none)")
+    s.add_argument("gpus", metavar="GPUS|SHARE%", help="GPUs the tenant's guaranteed jobs may hold (0: none), or "
+                   "their share of the cluster's GPUs, as a percentage: 25%%")
     s.add_argument("--new", action="store_true", help="the tenant has no job and no quota yet")
     s.add_argument("--reason", default="", help="why, recorded with the change")
     s.add_argument("--wait", type=float, default=2.0, help="at most this many seconds to wait for the verdict")
@@ -36,20 +38,43 @@ def register(sub) -> None:
     w.set_defaults(func=run_show)
 
 
+def parse_quota(text: str) -> tuple[int | None, float | None]:
+    """(GPUs, share) from `32` or `25%`; ValueError naming what is wrong."""
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"a share is a percentage such as 25%, not {text!r}") from None
+        if not 0 <= pct <= 100:
+            raise ValueError(f"a share is between 0% and 100%, not {text}")
+        return None, pct / 100.0
+    try:
+        gpus = int(text)
+    except ValueError:
+        raise ValueError(f"a quota is a number of GPUs or a percentage (25%), not {text!r}") from None
+    if gpus < 0:
+        raise ValueError(f"a quota is a number of GPUs >= 0, not {gpus}")
+    return gpus, None
+
+
 def run_set(args: argparse.Namespace) -> int:
-    if args.gpus < 0:
-        return fail(f"a quota is a number of GPUs >= 0, not {args.gpus}")
+    try:
+        args.quota_gpus, args.quota_share = parse_quota(args.gpus)
+    except ValueError as exc:
+        return fail(str(exc))
     return run_request(args, _set, f"quota {args.tenant}")
 
 
 async def _set(args: argparse.Namespace, url: str) -> int:
     async with await Client.connect(url, credentials=credentials_for(args, Identity("admin"))) as client:
-        result = await client.set_quota(args.tenant, args.gpus, new_tenant=args.new, reason=args.reason,
-                                        wait_s=args.wait, source="rubick-cli")
+        result = await client.set_quota(args.tenant, args.quota_gpus, share=args.quota_share, new_tenant=args.new,
+                                        reason=args.reason, wait_s=args.wait, source="rubick-cli")
     if result.rejected is not None:
         print(f"quota of {args.tenant}: REJECTED: {result.rejected.reason}{_which(result.rejected)}")
         return 1
-    print(f"quota of {args.tenant}: {args.gpus} GPUs (event {result.event.id}, stream seq {result.seq}); "
+    said = f"{args.quota_gpus} GPUs" if args.quota_share is None else f"{args.quota_share:.4g} of the cluster's GPUs"
+    print(f"quota of {args.tenant}: {said} (event {result.event.id}, stream seq {result.seq}); "
           "the policy applies it at its next round, which this change starts")
     return 0
 
@@ -80,7 +105,8 @@ def render(state) -> str:
         tenants = sorted(set(quotas) | set(held))
     for t in tenants:
         q = "-" if quotas is None else ("none" if t not in quotas else str(quotas[t]))
-        lines.append(f"{t:<20} {q:>6} {held.get(t, 0):>6}")
+        share = state.quota_shares.get(t)
+        lines.append(f"{t:<20} {q:>6} {held.get(t, 0):>6}" + (f"  ({share:.4g} of the cluster)" if share is not None else ""))
     if quotas is not None:
         lines.append("held: GPUs decided for the tenant's guaranteed jobs now; a tenant with no quota runs its "
                      "guaranteed jobs as best-effort")

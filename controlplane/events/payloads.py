@@ -228,14 +228,23 @@ class JobPriority:
 @dataclass(frozen=True)
 class QuotaSet:
     """An operator sets a tenant's quota: the GPUs its guaranteed jobs may hold (their minimum demand is
-    charged to it). The policy applies it at once. The first quota set on a cluster with none (every
-    tenant unlimited) starts the table: a tenant with no quota then runs its guaranteed jobs best-effort."""
+    charged to it), as a number of GPUs or as a share of the cluster (exactly one of `gpus`, `share`). The
+    policy applies it at once. The first quota set on a cluster with none (every tenant unlimited) starts the
+    table: a tenant with no quota then runs its guaranteed jobs best-effort."""
 
     tenant: str = ident("tenant", "team-a")
-    gpus: int = spec("guaranteed GPUs of the tenant", ge=0, le=MAX_GPUS, example=32)
+    gpus: int | None = spec("guaranteed GPUs of the tenant", ge=0, le=MAX_GPUS, default=None, example=32)
     new_tenant: bool = spec("true: the tenant has no job and no quota yet (otherwise such a name is refused "
                             "as a likely typo)", default=False, example=False)
     reason: str = spec("why, in the operator's words", max_len=500, default="", example="quarterly plan")
+    share: float | None = spec("guaranteed share of the GPUs of the live nodes, 0..1 (rounded down to whole "
+                               "GPUs; it follows the cluster as nodes come and go)", ge=0, le=1, default=None,
+                               example=None)
+
+    def check(self, path: str = "") -> None:
+        if (self.gpus is None) == (self.share is None):
+            raise Invalid("give the quota as gpus or as a share of the cluster, not both or neither",
+                          _p(path, "gpus"), "exactly one of gpus, share", "both" if self.gpus is not None else "neither")
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,11 @@ def test_suspend_resume_cancel_from_the_command_line(tmp_path):
         assert rubick("quota", "set", "team-b", "-1", "--data-dir", str(rk)).returncode == 2
         shown = rubick("quota", "show", "--data-dir", str(rk))
         assert shown.returncode == 0 and any(line.split()[:2] == ["team-b", "4"] for line in shown.stdout.splitlines())
+        half = rubick("quota", "set", "team-b", "50%", "--data-dir", str(rk))
+        assert half.returncode == 0 and "0.5 of the cluster's GPUs" in half.stdout, half.stdout + half.stderr
+        shown = rubick("quota", "show", "--data-dir", str(rk)).stdout
+        assert any(line.split()[:2] == ["team-b", "4"] and "0.5 of the cluster" in line for line in shown.splitlines())
+        assert rubick("quota", "set", "team-b", "150%", "--data-dir", str(rk)).returncode == 2
     finally:
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=60)

@@ -4,8 +4,10 @@ replay to the same decisions."""
 
 from __future__ import annotations
 
+import pytest
+
 from controlplane.admission import AdmissionCore
-from controlplane.events import Plan, encode
+from controlplane.events import Invalid, Plan, build, encode
 from controlplane.events.payloads import QuotaSet
 
 from .helpers import Clock, decisions, job, node, table_core
@@ -74,3 +76,28 @@ def test_replaying_quota_changes_gives_the_same_decisions():
     first = [encode(e) for e in run(table_core("rubick", MODELS, quotas={}), events)]
     again = [encode(e) for e in run(table_core("rubick", MODELS, quotas={}), events)]
     assert first == again and len(first) >= 2
+
+
+def test_a_quota_as_a_share_follows_the_cluster_and_is_refused_when_malformed():
+    adm, core = AdmissionCore(MODELS), table_core("rubick", MODELS, quotas={"team-a": 4})
+    c, events = script()  # one 8-GPU node
+    run(adm, events)
+    run(core, events)
+    share = [c.ev("quota.set", QuotaSet(tenant="team-a", share=0.5))]
+    assert run(adm, share) == []
+    run(core, share)
+    assert core.engine.quotas == {"team-a": 4} and core.state.quota_shares == {"team-a": 0.5}
+    run(core, [c.ev("node.registered", node("n1"))])  # the cluster doubles: so does the quota
+    assert core.engine.quotas == {"team-a": 8} and core.state.quotas() == {"team-a": 8}
+    run(core, [c.ev("quota.set", QuotaSet(tenant="team-a", gpus=2))])  # back to a number: the share is gone
+    assert core.engine.quotas == {"team-a": 2} and core.state.quota_shares == {}
+    from controlplane.cli.quota import parse_quota
+    assert parse_quota("25%") == (None, 0.25) and parse_quota("3") == (3, None)
+    for bad in ("150%", "-1", "x%", "lots"):
+        with pytest.raises(ValueError):
+            parse_quota(bad)
+    with pytest.raises(Invalid) as err:  # both, or neither
+        build(QuotaSet, {"tenant": "team-a", "gpus": 2, "share": 0.5})
+    assert err.value.field == "gpus" and err.value.got == "both"
+    with pytest.raises(Invalid):
+        build(QuotaSet, {"tenant": "team-a", "share": 1.5})

@@ -3,6 +3,8 @@ documented set, only when it changes; the fold, `rubick status` and `rubick expl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controlplane.cli.status import render
 from controlplane.events import Plan, encode
 from controlplane.events.payloads import PENDING_REASONS
@@ -108,3 +110,21 @@ def test_every_reason_published_is_in_the_documented_set_and_the_stream_replays(
     # the fold agrees with the core on who waits and why
     waiting = {j: core.state.jobs[j].pending.reason for j in core.state.jobs if core.state.jobs[j].pending}
     assert waiting == {j: p.reason for j, p in core.pending.items() if j in core.state.open_jobs}
+
+
+def test_requested_host_memory_is_allocated_per_gpu_and_a_node_without_it_is_no_fit():
+    from controlplane.events import Resources
+    core = core_for("rubick", hold_s=0, batch_s=0)
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0", mem_gb=1600.0)))
+    asked = replace(job("m", "bert", 32, Plan(dp=2), 2), resources=Resources(gpus=2, cpus=16, mem_gb=64.0))
+    out = core.handle(c.ev("job.submitted", asked))
+    [d] = [d for e in out if e.base == "plan.decided" for d in e.payload.decisions if d.job_id == "m"]
+    held = sum(s.gpus for s in d.allocation)
+    assert held >= 1 and sum(s.mem_gb for s in d.allocation) == 32.0 * held, "64 GB for 2 GPUs: 32 GB per GPU held"
+    small = core_for("rubick", hold_s=0, batch_s=0)
+    for n in ("n0", "n1"):  # 120 GB in the cluster, 60 GB on a node: 100 GB for one GPU fits no node
+        small.handle(c.ev("node.registered", node(n, mem_gb=60.0)))
+    big = replace(job("m", "bert", 32, Plan(dp=1), 1), resources=Resources(gpus=1, cpus=8, mem_gb=100.0))
+    out = small.handle(c.ev("job.submitted", big))
+    assert reasons(out)["m"].reason == "no-fit", "GPUs free, host memory not"
