@@ -117,3 +117,104 @@ def load_optimizer(state: dict[str, Any], engine, model: torch.nn.Module) -> Non
                 safe_set_full_optimizer_state(p, value, key)
             else:
                 inner.state[p][key].copy_(value)
+
+
+# --- training code built on torch's own tensor and pipeline parallelism --------------------------------
+# The same file, from code that shards parameters as DTensors (torch.distributed.tensor.parallel) and
+# splits the model into pipeline stages (torch.distributed.pipelining) with a torch optimizer of the Adam
+# family: each rank holds some parameters (its stage's), some of them as shards (its tensor-parallel
+# part). Any plan resumes from what any other wrote, DeepSpeed's included.
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor behind `t` (a DTensor's `full_tensor()`: collective over its mesh)."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().float().cpu().clone()
+
+
+def gather_owned(params: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's parameters (`name -> parameter`, whole-model names), whole, with their Adam moments and
+    the optimizer step. Collective over each DTensor's mesh: every rank of a tensor-parallel group calls it
+    with its (same) names in the same order."""
+    out: dict[str, Any] = {"params": {}, "moments": {k: {} for k in MOMENTS}, "step": 0}
+    for name in sorted(params):
+        p = params[name]
+        out["params"][name] = _full(p)
+        state = optimizer.state.get(p, {})
+        for key in MOMENTS:
+            if key in state:
+                out["moments"][key][name] = _full(state[key])
+        if "step" in state:
+            out["step"] = int(state["step"])
+    return out
+
+
+def collect_owned(params: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                  contributes: bool) -> dict[str, Any] | None:
+    """The whole model's state on rank 0 (None elsewhere), from ranks that each hold part of it. Collective:
+    every rank calls it; those with `contributes` (one replica of each part: data-parallel rank 0,
+    tensor-parallel rank 0 of each pipeline stage) send their part."""
+    part = gather_owned(params, optimizer)
+    parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(part if contributes else None, parts, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    merged: dict[str, Any] = {"params": {}, "moments": {k: {} for k in MOMENTS}, "step": 0}
+    for got in (x for x in parts if x is not None):
+        merged["params"].update(got["params"])
+        for key in MOMENTS:
+            merged["moments"][key].update(got["moments"][key])
+        merged["step"] = max(merged["step"], got["step"])
+    return merged
+
+
+def save_owned(path: Path, params: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+               contributes: bool, extra: dict[str, Any]) -> None:
+    """Write the plan-independent checkpoint from ranks that each hold part of the model (`collect_owned`);
+    rank 0 writes the merged file atomically."""
+    merged = collect_owned(params, optimizer, contributes)
+    if merged is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"format": FORMAT, **merged, **extra}, tmp)
+        os.replace(tmp, path)
+    dist.barrier()
+
+
+def _like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`full` laid out as `p` is: this rank's shard of a DTensor parameter, else the tensor itself."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    if isinstance(p, DTensor):
+        return distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+    return full.to(device=p.device, dtype=p.dtype)
+
+
+def load_owned(state: dict[str, Any], params: dict[str, torch.nn.Parameter],
+               optimizer: torch.optim.Optimizer | None = None) -> None:
+    """This rank's parameters (and, with `optimizer`, their Adam moments and step) from a plan-independent
+    checkpoint; no communication. A parameter missing from the checkpoint, or of another shape, is an error
+    naming it (a checkpoint of another model type)."""
+    saved = state["params"]
+    missing = [n for n in params if n not in saved]
+    if missing:
+        raise RuntimeError(f"checkpoint does not fit the model: missing {missing[:5]}")
+    from torch.distributed.tensor import DTensor
+    with torch.no_grad():
+        for name, p in params.items():
+            full = saved[name]
+            shape = tuple(p.shape)
+            if tuple(full.shape) != shape:
+                raise RuntimeError(f"checkpoint does not fit the model: {name} is {tuple(full.shape)}, "
+                                   f"the model's {shape}")
+            value = _like(full, p)
+            (p.to_local() if isinstance(p, DTensor) else p).copy_(value.to_local() if isinstance(value, DTensor)
+                                                                  else value)
+    if optimizer is None:
+        return
+    step = float(state["step"])
+    for name, p in params.items():
+        moments = {key: state["moments"][key].get(name) for key in MOMENTS}
+        if any(m is None for m in moments.values()):
+            continue  # written before the first optimizer step: Adam starts fresh
+        optimizer.state[p] = {"step": torch.tensor(step), **{k: _like(m, p) for k, m in moments.items()}}

@@ -251,6 +251,12 @@ class TrainingJob:
                            stopped_by=stopped_by or self.stop_reason() or "agent")
         self._write(final=True)
 
+    def failed(self, reason: str, **extra: Any) -> None:
+        """The training code cannot go on (a plan it cannot run, a checkpoint it cannot use): say why; the
+        launcher puts it in `job.failed`. Call it on the ranks that hit the error (rank 0 writes)."""
+        self.status.update(extra, state="failed", error=str(reason)[:2000], failed_at=time.time())
+        self._write(final=True)
+
     def completed(self, iteration: int, **extra: Any) -> None:
         self.status.update(extra, state="completed", iteration=iteration, completed_at=time.time())
         self._write(final=True)

@@ -241,9 +241,11 @@ class LocalLauncher:
             _killpg(proc.pid)  # a worker may outlive torchrun; nothing of the job stays behind
             del self.procs[job_id]
             status = self._status(proc) or {}
+            said = status.get("error") if status.get("state") == "failed" else None
             facts.append(Exited(job_id, proc.attempt, now, code, status.get("state"),
                                 int(status.get("iteration") or 0),
-                                log_tail(self.job_dir(job_id) / f"log-a{proc.attempt}.txt")))
+                                log_tail(self.job_dir(job_id) / f"log-a{proc.attempt}.txt"),
+                                reason=f"the training code failed: {said}" if said else ""))
         return facts
 
     def _status(self, proc: _Proc) -> dict[str, Any] | None:

@@ -95,5 +95,6 @@ def run(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1, timeou
         raise TimeoutError(f"trainer ran past {timeout} s: {tail(job_dir)}") from None
     st = status(job_dir)
     if proc.returncode != 0 or st.get("state") not in ("completed", "checkpointed"):
-        raise RuntimeError(f"trainer exited with {proc.returncode} in state {st.get('state')}: {tail(job_dir)}")
+        said = st.get("error") or tail(job_dir)
+        raise RuntimeError(f"trainer exited with {proc.returncode} in state {st.get('state')}: {said}")
     return st

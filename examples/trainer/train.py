@@ -4,9 +4,11 @@
         --rdzv-endpoint=127.0.0.1:0 --rdzv-id=JOB --local-addr=127.0.0.1 examples/trainer/train.py JOB_DIR/run.json
 
 It follows the training contract (`agents.contract`, docs/workloads.md) like any workload: it trains
-the small GPT of `model.py` on the sums of `data.py` under the run's plan (DP size = world size, ZeRO
-0-3, ZeRO-Offload, GA, GC) with DeepSpeed, resumes from `checkpoint.pt` in the checkpoint folder
-when there is one, and reports every iteration through the reporter. Between iterations it asks the
+the small GPT of `model.py` on the sums of `data.py` under the run's plan, resumes from `checkpoint.pt`
+in the checkpoint folder when there is one (written under any plan), and reports every iteration
+through the reporter. Data-parallel plans (DP = world size, ZeRO 0-3, ZeRO-Offload, GA, GC) run under
+DeepSpeed; plans with tensor or pipeline parallelism (TP x PP x DP, GA, GC, micro-batches) run on
+torch's own modules (`parallel.py`). Between iterations it asks the
 contract whether to stop (the agent asked, SIGTERM, the agent's lease ran out, or the run file's
 `stop_after` iterations are done): then it checkpoints and exits 0 (state `checkpointed`, `stopped_by`
 saying why). Rank 0 keeps the status file current (state, iterations done, loss, first-iteration
@@ -32,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 from agents.contract import DEEPSPEED_CONFIG, TrainingJob  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
 from agents import checkpoint  # noqa: E402
+from examples.trainer import parallel  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import build_model  # noqa: E402
 
@@ -55,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="run file written by the agent's launcher")
     args = parser.parse_args(argv)
     job = TrainingJob.from_env(run_file=args.run)
+    try:
+        return train(job)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a reason: the launcher reports it
+            job.failed(exc.code)
+        raise
+
+
+def train(job: TrainingJob) -> int:
     run = job.run
     job_dir = Path(run["job_dir"])
     plan = job.plan
@@ -68,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     job.rank = rank
     if world != plan.gpus:
         raise SystemExit(f"world size {world} differs from the plan's dp*tp*pp = {plan.gpus}")
-    if plan.tp > 1 or plan.pp > 1:
-        raise SystemExit("the example trainer runs data parallelism only (tp = pp = 1)")
     (job_dir / "pids").mkdir(parents=True, exist_ok=True)
     (job_dir / "pids" / f"rank-{rank}").write_text(str(os.getpid()))
     torch.set_num_threads(max(1, int(run.get("cpus_per_gpu") or 1)))
@@ -78,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     data = SumsDataset(seq_len=int(run.get("seq_len", 32)))
     model = build_model(run.get("size", "tiny"), data.vocab_size, data.seq_len, seed, plan.gc)
     ckpt_path = job.checkpoint_dir / CHECKPOINT
-    saved = checkpoint.read(ckpt_path) if ckpt_path.exists() else None
+    saved = read_checkpoint(ckpt_path, job.run.get("model_type"))
+    if plan.tp > 1 or plan.pp > 1:
+        return train_3d(job, model, data, saved, ckpt_path)
     if saved is not None:
         checkpoint.load_weights(saved, model)
     config = (job.deepspeed_config() if DEEPSPEED_CONFIG in job.env
@@ -101,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped_by = stop_requested(job) or ("stop_after" if stop_after is not None and it >= int(stop_after)
                                                  else None)
         if stopped_by:
-            checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code()})
+            checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code(),
+                                                       "model_type": run.get("model_type")})
             job.checkpointed(it, stopped_by)
             break
         engine.train()
@@ -114,13 +127,79 @@ def main(argv: list[str] | None = None) -> int:
             micro_loss += float(loss.detach()) / plan.ga_steps
         it += 1
         if every and it % every == 0 and it < target:
-            checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code()})
+            checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code(),
+                                                       "model_type": run.get("model_type")})
         job.iteration_done(it, loss=micro_loss)
     else:
         engine.eval()
         with torch.no_grad():
             eval_loss = float(engine(*(t.to(engine.device) for t in data.eval_batch())))
         job.completed(it, eval_loss=eval_loss)
+    reporter.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def read_checkpoint(path: Path, model_type: str | None) -> dict | None:
+    """The checkpoint to resume from (None: start afresh); one that cannot be read, or is another model
+    type's, ends the run with the reason (never a silent restart from scratch)."""
+    if not path.exists():
+        return None
+    try:
+        saved = checkpoint.read(path)
+    except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds for a torn or foreign file
+        raise SystemExit(f"cannot read the checkpoint {path}: {exc}") from None
+    if not isinstance(saved, dict) or "params" not in saved or "iteration" not in saved:
+        raise SystemExit(f"{path} is not a checkpoint of this trainer")
+    if model_type and saved.get("model_type", model_type) != model_type:
+        raise SystemExit(f"{path} is a checkpoint of model type {saved['model_type']}, not {model_type}")
+    return saved
+
+
+def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path) -> int:
+    """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract."""
+    run, plan = job.run, job.plan
+    seed, gbs, target = int(run.get("seed", 0)), int(run["global_batch_size"]), int(run["target_iterations"])
+    try:
+        par = parallel.build(plan, model, gbs, lr=float(run.get("lr", 3e-3)))
+    except parallel.PlanUnsupported as exc:
+        raise SystemExit(f"plan {plan.code()} cannot run: {exc}") from None
+    start = 0
+    if saved is not None:
+        checkpoint.load_owned(saved, par.params, par.optimizer)
+        start = int(saved["iteration"])
+        del saved
+    meta = {"plan": plan.code(), "model_type": run.get("model_type")}
+    reporter = job.reporter()
+    job.begin(start, loss=None)
+    every = int(run.get("checkpoint_every", 0))
+    stop_after = run.get("stop_after")
+    it = start
+    while it < target:
+        stopped_by = stop_requested(job) or ("stop_after" if stop_after is not None and it >= int(stop_after)
+                                                 else None)
+        if stopped_by:
+            checkpoint.save_owned(ckpt_path, par.params, par.optimizer, par.contributes, {"iteration": it, **meta})
+            job.checkpointed(it, stopped_by)
+            break
+        batches = [data.micro_batch(it, gbs, seed, par.dp_rank, plan.dp, g, plan.ga_steps)
+                   for g in range(plan.ga_steps)]
+        with reporter.step(it):
+            loss = parallel.train_step(par, batches, reporter)
+        it += 1
+        if every and it % every == 0 and it < target:
+            checkpoint.save_owned(ckpt_path, par.params, par.optimizer, par.contributes, {"iteration": it, **meta})
+        job.iteration_done(it, loss=loss)
+    else:
+        whole = checkpoint.collect_owned(par.params, par.optimizer, par.contributes)
+        if whole is not None:  # rank 0: the whole model, evaluated as the DeepSpeed path does
+            full = build_model(run.get("size", "tiny"), data.vocab_size, data.seq_len, seed, False)
+            checkpoint.load_weights(whole, full)
+            full.eval()
+            with torch.no_grad():
+                eval_loss = float(full(*data.eval_batch()))
+            job.completed(it, eval_loss=eval_loss)
     reporter.close()
     dist.barrier()
     dist.destroy_process_group()

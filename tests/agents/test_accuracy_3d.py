@@ -1,0 +1,78 @@
+"""Accuracy across 3D reconfigurations: a run that changes plan three times, through DP with ZeRO-2 (DeepSpeed),
+TP x PP (torch's tensor and pipeline parallel modules), PP alone and DP=1 with ZeRO-Offload and GA=4 (DeepSpeed
+again), each time through the plan-independent checkpoint, ends with the evaluation loss of an uninterrupted
+run of the same seed, and not with that of another seed.
+
+The tolerance: both runs do the same arithmetic on the same samples except for the order of floating-point
+reductions (a data-parallel all-reduce sums four partial gradients, tensor parallelism two partial products,
+a pipeline sums micro-batch gradients one by one). fp32 rounding of a different order changes the last bits
+of a gradient and Adam carries it through every later step, so equality is not guaranteed bit for bit; on
+this model the final losses agree to float32 precision (a difference of 0 to about 1e-7). The test allows
+1e-5 (relative), and requires another seed to move the loss at least ten times that (it moves it ~2e-3)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from examples.trainer.data import ALPHABET
+from examples.trainer.runner import run
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+N = 16
+COMMON = {"global_batch_size": 8, "target_iterations": N, "size": "small"}  # 4 layers, 4 heads
+STEPS = [  # (plan, processes, iterations it runs to)
+    ({"dp": 4, "zero_stage": 2}, 4, 4),
+    ({"dp": 1, "tp": 2, "pp": 2, "micro_batches": 4}, 4, 8),
+    ({"dp": 1, "pp": 4, "micro_batches": 8}, 4, 12),
+    ({"dp": 1, "zero_stage": 2, "offload": True, "ga_steps": 4}, 1, N),
+]
+TOLERANCE = 1e-5
+
+
+def test_three_plan_changes_through_tp_pp_end_with_the_uninterrupted_loss(tmp_path):
+    straight = run(tmp_path / "straight", {**COMMON, "plan": STEPS[0][0], "seed": 0}, nproc=4)
+    job = tmp_path / "changed"
+    for attempt, (plan, nproc, until) in enumerate(STEPS, start=1):
+        extra = {} if until == N else {"stop_after": until}
+        st = run(job, {**COMMON, "plan": plan, "seed": 0, **extra}, nproc=nproc, attempt=attempt)
+        assert st["started_iteration"] == (STEPS[attempt - 2][2] if attempt > 1 else 0)
+        assert st["iteration"] == until and st["state"] == ("completed" if until == N else "checkpointed")
+    changed = st
+    other_seed = run(tmp_path / "seed", {**COMMON, "plan": STEPS[0][0], "seed": 1}, nproc=4)
+
+    base = straight["eval_loss"]
+    assert base < math.log(len(ALPHABET)), "the model did not learn anything"
+    by_reconfiguration = abs(changed["eval_loss"] - base)
+    by_seed = abs(other_seed["eval_loss"] - base)
+    print(f"\nfinal eval loss after {N} iterations: {base:.7f} | through DP-ZeRO2 -> TP2xPP2 -> PP4 -> "
+          f"DP1-offload-GA4: {changed['eval_loss']:.7f} (difference {by_reconfiguration:.2e}) | other seed: "
+          f"{other_seed['eval_loss']:.7f} (difference {by_seed:.2e})")
+    assert by_reconfiguration <= TOLERANCE * base
+    assert by_seed > 10 * TOLERANCE * base, "another seed must change the loss far more than the tolerance"
+
+
+def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path):
+    """tp not dividing the heads, pp not dividing the layers, ZeRO with TP, micro-batches not dividing the
+    batch: the run fails at once saying why; a checkpoint of another model type is refused, never ignored."""
+    cases = [({"dp": 1, "tp": 3}, 3, "does not divide the model's 4 attention heads"),
+             ({"dp": 1, "pp": 3, "micro_batches": 1}, 3, "does not divide the model's 4 layers"),
+             ({"dp": 1, "tp": 2, "zero_stage": 2}, 2, "ZeRO and ZeRO-Offload run only without"),
+             ({"dp": 1, "pp": 2, "micro_batches": 3}, 2, "micro_batches = 3 does not divide")]
+    for i, (plan, nproc, said) in enumerate(cases):
+        with pytest.raises(RuntimeError) as err:
+            run(tmp_path / f"bad-{i}", {**COMMON, "global_batch_size": 6 if plan.get("tp") == 3 or plan.get("pp") == 3
+                                        else 8, "plan": plan}, nproc=nproc, timeout=120)
+        assert said in str(err.value), str(err.value)
+    job = tmp_path / "foreign"
+    run(job, {**COMMON, "plan": {"dp": 1, "tp": 2}, "stop_after": 2, "model_type": "other-model"}, nproc=2)
+    with pytest.raises(RuntimeError) as err:
+        run(job, {**COMMON, "plan": {"dp": 2}, "model_type": "example"}, nproc=2, attempt=2, timeout=120)
+    assert "is a checkpoint of model type other-model, not example" in str(err.value)
+    (job / "checkpoint.pt").write_bytes(b"\x80\x04torn")
+    with pytest.raises(RuntimeError) as err:
+        run(job, {**COMMON, "plan": {"dp": 1, "pp": 2, "micro_batches": 2}, "model_type": "other-model"}, nproc=2,
+            attempt=3, timeout=120)
+    assert "cannot read the checkpoint" in str(err.value)
