@@ -30,7 +30,7 @@ from controlplane.events import payloads as p
 from controlplane.events.catalog import CONTROL, subject_node
 
 from .node import NodeCapacity
-from .plan_check import JobInfo, Refusal, TrainerLimits, check_decision, share_in, share_of
+from .plan_check import JobInfo, Refusal, check_decision, share_in, share_of
 
 _NODE_FACTS = ("job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted", "node.registered",
                "node.lost")
@@ -168,7 +168,6 @@ def _ident(*parts: Any) -> str:
 @dataclass
 class AgentCore:
     capacity: NodeCapacity
-    limits: TrainerLimits = field(default_factory=TrainerLimits)
     restoring: bool = False
     jobs: dict[str, JobInfo] = field(default_factory=dict)
     local: dict[str, LocalJob] = field(default_factory=dict)
@@ -258,7 +257,7 @@ class AgentCore:
             return ("unknown node", "allocation.node", "a registered node", ", ".join(unknown))
         if share is None:
             return None  # nothing here, or taken away from this node: always allowed
-        refusal = check_decision(d, job, self.capacity, self.limits)
+        refusal = check_decision(d, job, self.capacity)
         if refusal is not None:
             return refusal
         cap = self.capacity

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.events import Decision, NodeShare
-from controlplane.events.workload import Workload
+from controlplane.events.workload import PlanSupport, Workload, support_of
 
 from .node import NodeCapacity
 
@@ -24,14 +24,6 @@ class JobInfo:
     """The job's own training code; None: the example trainer."""
 
 
-@dataclass(frozen=True)
-class TrainerLimits:
-    """What the training code the agent launches can run (the example trainer: data parallelism only)."""
-
-    max_tp: int = 1
-    max_pp: int = 1
-
-
 def share_in(allocation: tuple[NodeShare, ...], node: str) -> NodeShare | None:
     """This node's part of an allocation (None when it has no devices here)."""
     for s in allocation:
@@ -44,9 +36,10 @@ def share_of(decision: Decision, node: str) -> NodeShare | None:
     return share_in(decision.allocation, node)
 
 
-def check_decision(d: Decision, job: JobInfo, cap: NodeCapacity, limits: TrainerLimits) -> Refusal | None:
+def check_decision(d: Decision, job: JobInfo, cap: NodeCapacity, support: PlanSupport | None = None) -> Refusal | None:
     """Refusal of one decision that places `job` on this node, judged alone (capacity shared with the
-    node's other jobs is the core's business)."""
+    node's other jobs is the core's business). `support`: what the job's training code runs (by default
+    what its workload declares, `support_of`, which the policy's plan enumeration reads too)."""
     share = share_of(d, cap.node)
     assert share is not None
     plan = d.plan
@@ -66,12 +59,9 @@ def check_decision(d: Decision, job: JobInfo, cap: NodeCapacity, limits: Trainer
     if plan.gpus != total:
         return ("plan dp*tp*pp must equal the allocated devices", "plan", f"{total} devices",
                 f"dp*tp*pp = {plan.gpus}")
-    if plan.tp > limits.max_tp:
-        return ("the job's training code cannot run this tensor-parallel size", "plan.tp", f"<= {limits.max_tp}",
-                str(plan.tp))
-    if plan.pp > limits.max_pp:
-        return ("the job's training code cannot run this pipeline-parallel size", "plan.pp",
-                f"<= {limits.max_pp}", str(plan.pp))
+    refused = (support or support_of(job.workload)).refusal(plan)
+    if refused is not None:
+        return refused
     per_step = plan.dp * plan.ga_steps
     if job.global_batch_size % per_step:
         return ("the global batch does not split into dp*ga_steps equal micro-batches", "plan.ga_steps",

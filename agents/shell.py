@@ -27,7 +27,6 @@ from controlplane.events import Event, Invalid, NodeHeartbeat, decode, encode, m
 from .core import AgentCore, Exited, Kill, Launch, LaunchFailed, Started, Stop
 from .launcher import LaunchError, Launcher
 from .node import NodeCapacity
-from .plan_check import TrainerLimits
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,6 @@ class AgentShell:
     capacity: NodeCapacity
     launcher: Launcher
     """`LocalLauncher` (processes) or `agents.kube.launcher.KubernetesLauncher` (pods)."""
-    limits: TrainerLimits = field(default_factory=TrainerLimits)
     heartbeat_s: float = 5.0
     poll_s: float = 0.2
     core: AgentCore = field(init=False)
@@ -52,7 +50,7 @@ class AgentShell:
     away: bool = False
 
     def __post_init__(self) -> None:
-        self.core = AgentCore(self.capacity, self.limits)
+        self.core = AgentCore(self.capacity)
 
     @property
     def node(self) -> str:

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from .events import Event, NodeShare, Plan
 from .events.catalog import CONTROL, subject_node
+from .events.workload import PlanSupport, support_of
 from .events import payloads as p
 
 JOB_STATES = ("queued", "running", "completed", "failed", "preempted", "suspended", "cancelled")
@@ -62,6 +63,8 @@ class JobState:
     pending: p.Pending | None = None
     priority: int = 0
     """From its submission, changed by `job.priority`."""
+    support: PlanSupport | None = None
+    """The plan features its training code runs (`support_of` its workload)."""
     """Why it waits or runs short, from the policy's `plan.pending` (None: it does not, or not said)."""
     iterations_done: int = 0
     last_iter_time_s: float | None = None
@@ -160,6 +163,10 @@ class ClusterState:
             if sub.plan.tp > widest:
                 return ("tensor parallelism must stay inside one node", "plan.tp", f"<= {widest}",
                         str(sub.plan.tp))
+        refused = support_of(sub.workload).refusal(sub.plan)
+        if refused is not None:  # the owner's own plan, which its code cannot run
+            reason, field_, expected, got = refused
+            return (reason + " (its workload's `supports`)", field_, expected, got)
         return None
 
     def control_refusal(self, event: Event) -> tuple[str, str, str, str] | None:
@@ -240,7 +247,8 @@ def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
     s.jobs[x.job_id] = JobState(
         job_id=x.job_id, tenant=x.tenant, guaranteed=x.guaranteed, model_type=x.model.type,
         global_batch_size=x.global_batch_size, requested_plan=x.plan, requested=x.resources,
-        target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec, priority=x.priority)
+        target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec, priority=x.priority,
+        support=support_of(x.workload))
 
 
 def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:

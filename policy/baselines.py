@@ -335,7 +335,7 @@ class SiaEngine(_Simple):
 
     def _fixed_kind(self, job: JobIn) -> JobIn:
         kind = JobKind(job.kind.model, job.kind.global_batch, ALL_FAMILIES, template=job.requested_plan,
-                       scale_dp=False)
+                       scale_dp=False, support=job.kind.support)
         return JobIn(**{**job.__dict__, "kind": kind})
 
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:

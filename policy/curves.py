@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from controlplane.events import Plan
+from controlplane.events.workload import PlanSupport
 from modeler.spec import ModelType
 
 from .oracle import Oracle
@@ -41,23 +42,30 @@ class JobKind:
     """When set, only plans of the template's kind (`plans.restrict`): a policy that keeps plans."""
     scale_dp: bool = True
     """With a template: may DP change with the GPU count (else the exact template)."""
+    support: PlanSupport | None = None
+    """What the job's training code runs (`controlplane.events.workload.support_of`): plans it refuses are
+    never enumerated (None: no limit)."""
 
     def plans(self, placement: tuple[int, ...]) -> tuple[Plan, ...]:
         plans = enumerate_plans(self.model, self.global_batch, placement, self.families)
         if self.template is not None:
             plans = restrict(plans, self.template, scale_dp=self.scale_dp)
+        if self.support is not None:
+            plans = tuple(p for p in plans if self.support.refusal(p) is None)
         return plans
 
     @cached_property
     def offload(self) -> bool:
         """Whether any plan of this kind runs on the CPUs (ZeRO-Offload)."""
+        if self.support is not None and not self.support.offload:
+            return False
         if self.template is not None:
             return self.template.offload
         return any(f.startswith("zero-offload") for f in self.families)
 
     @cached_property
     def cache_key(self) -> tuple:
-        return (self.model.name, self.global_batch, self.families, self.template, self.scale_dp)
+        return (self.model.name, self.global_batch, self.families, self.template, self.scale_dp, self.support)
 
 
 @dataclass(frozen=True)

@@ -225,11 +225,11 @@ class PolicyCore:
                     "a profiled forward time", "nothing")
         book = self.engine.book
         # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
-        kind = JobKind(model, job.global_batch_size, ALL_FAMILIES)
+        kind = JobKind(model, job.global_batch_size, ALL_FAMILIES, support=job.support)
         nodes = self.state.alive_nodes()
         cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
         cpg = min(cpg, book.max_cpus_per_gpu)
-        key = (job.model_type, job.global_batch_size, cpg, book.max_gpus)
+        key = (job.model_type, job.global_batch_size, cpg, book.max_gpus, job.support)
         runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
         if runs is None:
             runs = self._runs[key] = bool(book.gpu_curve(kind, cpg).max() > 0 or book.gpu_curve(kind, 1).max() > 0)
@@ -249,12 +249,16 @@ class PolicyCore:
                         "data.resources.gpus", f">= {least}" if least else "more GPUs", str(job.requested.gpus))
         return None
 
-    def _kind(self, model: ModelType, global_batch: int, plan) -> JobKind:
-        """One `JobKind` object per distinct kind, so what it caches is computed once."""
-        key = (model.name, global_batch, plan)
+    def _kind(self, model: ModelType, global_batch: int, plan, support=None) -> JobKind:
+        """One `JobKind` object per distinct kind, so what it caches is computed once; `support` limits it to
+        the plans the job's training code runs."""
+        key = (model.name, global_batch, plan, support)
         held = self._kinds.get(key)
         if held is None or held[0] is not model:
-            held = self._kinds[key] = (model, self.kind_of(model, global_batch, plan))
+            kind = self.kind_of(model, global_batch, plan)
+            if support is not None:
+                kind = replace(kind, support=support)
+            held = self._kinds[key] = (model, kind)
         return held[1]
 
     def job_in(self, job: JobState, t: float) -> JobIn | None:
@@ -268,7 +272,7 @@ class PolicyCore:
             done += max(0.0, t - prog.at) / prog.iter_time_s
         remaining = max(0.0, job.target_iterations - done)
         return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
-                     kind=self._kind(model, job.global_batch_size, job.requested_plan),
+                     kind=self._kind(model, job.global_batch_size, job.requested_plan, job.support),
                      order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
                      requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,

@@ -47,6 +47,45 @@ class CheckpointVolume:
 
 
 @dataclass(frozen=True)
+class PlanSupport:
+    """The plan features a job's training code can run. The policy decides only plans it allows, and an agent
+    refuses any other with `plan.rejected`: both ask `refusal` (docs/workloads.md)."""
+
+    max_tp: int = spec("largest tensor-parallel size it runs (1: none)", ge=1, le=65_536, default=1, example=8)
+    max_pp: int = spec("largest pipeline-parallel size it runs (1: none)", ge=1, le=65_536, default=1, example=4)
+    zero: bool = spec("ZeRO stages 1-3", default=True, example=True)
+    offload: bool = spec("ZeRO-Offload", default=True, example=True)
+    zero_with_model_parallel: bool = spec("ZeRO or offload together with tp > 1 or pp > 1", default=False,
+                                          example=False)
+    gc: bool = spec("gradient checkpointing", default=True, example=True)
+
+    def refusal(self, plan) -> tuple[str, str, str, str] | None:
+        """(reason, field, expected, got) when the code cannot run `plan`; None when it can."""
+        if plan.tp > self.max_tp:
+            return ("the job's training code cannot run this tensor-parallel size", "plan.tp", f"<= {self.max_tp}",
+                    str(plan.tp))
+        if plan.pp > self.max_pp:
+            return ("the job's training code cannot run this pipeline-parallel size", "plan.pp",
+                    f"<= {self.max_pp}", str(plan.pp))
+        if plan.zero_stage and not self.zero:
+            return ("the job's training code does not run ZeRO", "plan.zero_stage", "0", str(plan.zero_stage))
+        if plan.offload and not self.offload:
+            return ("the job's training code does not run ZeRO-Offload", "plan.offload", "false", "true")
+        if (plan.zero_stage or plan.offload) and (plan.tp > 1 or plan.pp > 1) and not self.zero_with_model_parallel:
+            return ("the job's training code runs ZeRO and ZeRO-Offload only without tensor or pipeline "
+                    "parallelism", "plan.zero_stage", "0 with tp > 1 or pp > 1", str(plan.zero_stage))
+        if plan.gc and not self.gc:
+            return ("the job's training code does not run gradient checkpointing", "plan.gc", "false", "true")
+        return None
+
+
+DATA_PARALLEL_ONLY = PlanSupport()
+"""What a workload that declares nothing is taken to run: the DP family (ZeRO, offload, GA, GC)."""
+EXAMPLE_TRAINER = PlanSupport(max_tp=65_536, max_pp=65_536)
+"""The example trainer (`examples/trainer`): every plan, ZeRO and offload only without TP and PP."""
+
+
+@dataclass(frozen=True)
 class Workload:
     """The job's own training code; nil in `job.submitted`: the example trainer."""
 
@@ -65,6 +104,8 @@ class Workload:
     checkpoint: CheckpointVolume | None = spec("where checkpoints live; nil: the launcher's job folder "
                                                "(local) or an emptyDir that dies with the pod (Kubernetes)",
                                                default=None)
+    supports: PlanSupport | None = spec("the plan features the code runs; nil: data parallelism only (ZeRO, "
+                                        "offload, GA, GC; no tp or pp)", default=None)
 
     def check(self, path: str = "") -> None:
         if self.image is not None and not _IMAGE.fullmatch(self.image):
@@ -99,6 +140,13 @@ class Workload:
     @property
     def argv(self) -> tuple[str, ...]:
         return self.command + self.args
+
+
+def support_of(workload: Workload | None) -> PlanSupport:
+    """What a job's training code runs: the example trainer's, or what its workload declares."""
+    if workload is None:
+        return EXAMPLE_TRAINER
+    return workload.supports if workload.supports is not None else DATA_PARALLEL_ONLY
 
 
 def _p(path: str, name: str) -> str:

@@ -114,8 +114,7 @@ def test_bad_decisions_are_refused_with_reasons_and_nothing_starts():
         "more CPU cores than the node has": place(cpus=64),
         "more host memory than the node has": place(mem=1e6),
         "plan dp*tp*pp must equal the allocated devices": place(plan=Plan(dp=1), gpus=2),
-        "tensor-parallel": place(plan=Plan(tp=2)),
-        "pipeline-parallel": place(plan=Plan(pp=2)),
+        "only without tensor or pipeline parallelism": place(plan=Plan(tp=2, zero_stage=2)),
         "global batch": place(plan=Plan(dp=1, ga_steps=3), gpus=1),
         "an allocation needs a plan": Decision(job_id="j1", allocation=(NodeShare(node="n0", gpus=2),)),
         "unknown node": Decision(job_id="j1", allocation=(NodeShare(node="n0", gpus=1), NodeShare(node="ghost", gpus=1)),
@@ -126,6 +125,26 @@ def test_bad_decisions_are_refused_with_reasons_and_nothing_starts():
         assert why in rej.reason, (why, rej.reason)
         assert rej.subject == "plan.decided" and rej.job_id == d.job_id and rej.field.startswith("data.decisions[0]")
     assert core.take_actions() == [] and core.running_jobs() == ()
+
+
+def test_the_plans_a_workload_declares_are_the_plans_the_agent_runs():
+    """The example trainer runs TP x PP (not with ZeRO); a workload that declares nothing runs data parallelism
+    only; one that declares `max_tp: 2` runs TP 2 and no PP. The same declaration limits the policy."""
+    from controlplane.events.workload import PlanSupport, Workload
+    core = AgentCore(NODE)
+    core.handle(ev("node.registered", NodeRegistered(node="n0", gpus=2, gpu_mem_gb=0, cpus=4, mem_gb=16.0)))
+    for job_id, supports in (("dp-only", None), ("tp2", PlanSupport(max_tp=2))):
+        sub = JobSubmitted(job_id=job_id, tenant="t", model=ModelRef(type="gpt2"), global_batch_size=8,
+                           resources=Resources(gpus=2), target_iterations=100,
+                           workload=Workload(command=("python", "train.py"), supports=supports))
+        core.handle(ev("job.submitted", sub, id=f"sub-{job_id}"))
+    (rej,) = rejections(core.handle(decided(place("dp-only", plan=Plan(tp=2)), t=2.0)))
+    assert "tensor-parallel size" in rej.reason and rej.expected == "<= 1"
+    (rej,) = rejections(core.handle(decided(place("tp2", plan=Plan(pp=2, micro_batches=2)), t=3.0)))
+    assert "pipeline-parallel size" in rej.reason
+    assert core.handle(decided(place("tp2", plan=Plan(tp=2)), t=4.0)) == []
+    core = core_with_job()  # the example trainer: 3D runs
+    assert core.handle(decided(place(plan=Plan(pp=2, micro_batches=2)), t=2.0)) == []
 
 
 def test_refusal_leaves_the_running_job_alone():
