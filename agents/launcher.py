@@ -73,6 +73,14 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def machine_cores(cores: tuple[int, ...] | list[int]) -> set[int]:
+    """The machine's CPUs for the agent's core numbers: the n-th core offered is the n-th CPU this process may
+    use, wrapping around when the agent offers more cores (`--cpus`) than the machine has, so pinning never
+    names a CPU that does not exist."""
+    usable = sorted(os.sched_getaffinity(0))
+    return {usable[c % len(usable)] for c in cores} if usable else set()
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 12_000) -> str:
     try:
         with open(path, "rb") as f:
@@ -173,7 +181,7 @@ class LocalLauncher:
         else:
             cwd = REPO
             cmd = [self.python, "-m", "agents.torchrun", *targs, str(self.trainer), str(run_file)]
-        cores = set(a.cpu_cores)
+        cores = machine_cores(a.cpu_cores)
 
         def bind() -> None:  # runs in the child before exec: torchrun and its workers inherit it
             if cores:
