@@ -1,7 +1,8 @@
 """`rubick profile --spec SPEC`: measure a model type on this machine for the performance model.
 
-Runs sampled configurations (at least seven, three of them under ZeRO-Offload) of a GPT-style
-model with the spec's architecture, one torchrun launch per data-parallel size, and publishes
+Runs sampled configurations (at least seven, three of them under ZeRO-Offload, and the tensor- and
+pipeline-parallel ones the architecture allows on the devices) of a GPT-style model with the spec's
+architecture, one torchrun launch per world size, and publishes
 every timed iteration as `metrics.iteration` (job id `profile-<model>`). It writes the medians
 as a table in the columns of `fit_points.csv`, and the spec with its measured one-device forward
 time, so that `rubick model fit --spec OUT.yaml --points OUT.csv` fits the model type.
@@ -47,8 +48,12 @@ def register_profile(sub: Any) -> None:
     p.set_defaults(func=run_profile)
 
 
-def sample_plans(devices: int, global_batch_size: int) -> list[Plan]:
-    """The configurations to measure: both DP sizes, every ZeRO stage, GA and GC, and ZeRO-Offload."""
+def sample_plans(devices: int, global_batch_size: int, heads: int | None = None,
+                 layers: int | None = None) -> list[Plan]:
+    """The configurations to measure: both DP sizes, every ZeRO stage, GA and GC, and ZeRO-Offload; with the
+    model's `heads` and `layers`, also TP 2 and TP over every device, PP 2 and PP over every device, and
+    TP 2 x PP 2, where they divide the heads and layers (PP with one sample per micro-batch, as the policy
+    enumerates 3D plans)."""
     n = devices
     plans = [Plan(dp=1), Plan(dp=1, ga_steps=2), Plan(dp=1, gc=True), Plan(dp=n), Plan(dp=n, zero_stage=1),
              Plan(dp=n, zero_stage=2), Plan(dp=n, zero_stage=3),
@@ -56,6 +61,14 @@ def sample_plans(devices: int, global_batch_size: int) -> list[Plan]:
              Plan(dp=n, zero_stage=3, offload=True, ga_steps=2)]
     if n == 1:
         plans += [Plan(zero_stage=1), Plan(zero_stage=2), Plan(zero_stage=3), Plan(zero_stage=1, offload=True)]
+    if heads and layers and n > 1:
+        for tp, pp in ((2, 1), (n, 1), (1, 2), (1, n), (2, 2)):
+            if tp * pp > n or n % (tp * pp) or heads % tp or layers % pp:
+                continue
+            dp = n // (tp * pp)
+            if global_batch_size % dp:
+                continue
+            plans.append(Plan(dp=dp, tp=tp, pp=pp, micro_batches=global_batch_size // dp if pp > 1 else 1))
     out: list[Plan] = []
     for plan in plans:
         if global_batch_size % (plan.dp * plan.ga_steps) == 0 and plan not in out:
@@ -90,7 +103,7 @@ def run_profile(args: argparse.Namespace) -> int:
         return fail("no devices: give --cpu-devices N to profile on the CPU")
     spec = model.spec
     gbs = spec.global_batch_size
-    plans = sample_plans(devices, gbs)
+    plans = sample_plans(devices, gbs, spec.num_heads, spec.num_layers)
     n_off = sum(p.offload for p in plans)
     if len(plans) < MIN_CONFIGS or n_off < MIN_OFFLOAD:
         return fail(f"global batch {gbs} leaves {len(plans)} configurations ({n_off} offload); "
@@ -130,7 +143,8 @@ def run_profile(args: argparse.Namespace) -> int:
     print(f"{'plan':28s} {'iter s':>9s} {'fwd s':>9s} {'bwd s':>9s} {'opt s':>9s}")
     for plan in plans:
         r = results[plan.code()]
-        print(f"{plan.code():28s} {r['iter_time_s']:9.4f} {r['fwd_s']:9.4f} {r['bwd_s']:9.4f} {r['opt_s']:9.4f}")
+        cells = " ".join("        -" if r.get(k) is None else f"{r[k]:9.4f}" for k in ("fwd_s", "bwd_s", "opt_s"))
+        print(f"{plan.code():28s} {r['iter_time_s']:9.4f} {cells}")
     unsent = sum(int(r.get("unsent", 0)) for r in results.values())
     if url and unsent:
         print(f"rubick profile: {unsent} measurements could not be published to {redact_url(url)} (is the control plane up?)",
@@ -151,16 +165,16 @@ def _measure_all(plans: list[Plan], arch: dict, name: str, gbs: int, devices: in
     script = REPO / "examples" / "trainer" / "profile_run.py"
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="rubick-profile-") as tmp:
-        for launch, dp in enumerate(sorted({p.dp for p in plans})):
-            job_dir = Path(tmp) / f"dp{dp}"
-            group = [to_plain(p) for p in plans if p.dp == dp]
+        for launch, world in enumerate(sorted({p.gpus for p in plans})):
+            job_dir = Path(tmp) / f"world{world}"
+            group = [to_plain(p) for p in plans if p.gpus == world]
             run = {"job_id": f"profile-{name}", "model_type": name, "plan": group[0], "plans": group, "arch": arch,
                    "global_batch_size": gbs, "warmup": args.warmup, "iterations": args.iterations,
-                   "gpus_per_node": [dp], "nats_url": url, "launch": launch,
+                   "gpus_per_node": [world], "nats_url": url, "launch": launch,
                    "cpus_per_gpu": 1 if args.cpu_devices else None}
-            proc = start(job_dir, run, nproc=dp, script=script)
+            proc = start(job_dir, run, nproc=world, script=script)
             if proc.wait() != 0 or not (job_dir / "profile.json").exists():
-                print(f"rubick profile: the dp={dp} launch failed:\n{tail(job_dir)}", file=sys.stderr)
+                print(f"rubick profile: the launch on {world} devices failed:\n{tail(job_dir)}", file=sys.stderr)
                 return None
             for r in json.loads((job_dir / "profile.json").read_text()):
                 results[r.pop("plan")] = r

@@ -10,6 +10,9 @@ kill -9, through the trainer's link to its parent), the trainers it started end 
   relaunch    launch -> resumed and ready to train    first  the first iteration under the new plan
   total       stop asked -> first iteration done (what `job.reconfigured` reports as restart_cost_s)
 
+and, once per change, the final evaluation loss of a 20-iteration run that changes plan at iteration 10
+against the same run without the change (`dloss`: their absolute difference).
+
     python bench/reconfigure.py [--runs 3] [--size tiny] [--changes all]
 """
 
@@ -33,7 +36,12 @@ CHANGES: dict[str, tuple[dict, dict]] = {
     "dp2-z2 -> dp1-z2-off-ga2": ({"dp": 2, "zero_stage": 2}, {"dp": 1, "zero_stage": 2, "offload": True, "ga_steps": 2}),
     "dp1-z0 -> dp2-z1": ({"dp": 1, "zero_stage": 0}, {"dp": 2, "zero_stage": 1}),
     "dp2-z1 -> dp2-z3-gc": ({"dp": 2, "zero_stage": 1}, {"dp": 2, "zero_stage": 3, "gc": True}),
+    "dp2-z2 -> tp2-pp2": ({"dp": 2, "zero_stage": 2}, {"dp": 1, "tp": 2, "pp": 2, "micro_batches": 8}),
+    "tp2-pp2 -> dp1-z2-off-ga2": ({"dp": 1, "tp": 2, "pp": 2, "micro_batches": 8},
+                                  {"dp": 1, "zero_stage": 2, "offload": True, "ga_steps": 2}),
+    "dp2-tp2 -> pp2": ({"dp": 2, "tp": 2}, {"dp": 1, "pp": 2, "micro_batches": 8}),
 }
+LOSS_ITERS = 20
 PARTS = ("checkpoint", "exit", "relaunch", "first", "total")
 
 
@@ -48,7 +56,7 @@ def one_run(root: Path, before: Plan, after: Plan, size: str) -> dict[str, float
 
 def _measure(root: Path, before: Plan, after: Plan, size: str, procs: list) -> dict[str, float]:
     common = {"global_batch_size": 8, "target_iterations": 1_000_000, "size": size}
-    proc = start(root, {**common, "plan": to_plain(before)}, nproc=before.dp, attempt=1)
+    proc = start(root, {**common, "plan": to_plain(before)}, nproc=before.gpus, attempt=1)
     procs.append(proc)
     wait_for(root, proc, lambda s: s.get("iteration", 0) >= s.get("started_iteration", 0) + 5)
     asked = time.time()
@@ -57,7 +65,7 @@ def _measure(root: Path, before: Plan, after: Plan, size: str, procs: list) -> d
     proc.wait(120)
     gone = time.time()
     launched = time.time()
-    proc = start(root, {**common, "plan": to_plain(after)}, nproc=after.dp, attempt=2)
+    proc = start(root, {**common, "plan": to_plain(after)}, nproc=after.gpus, attempt=2)
     procs.append(proc)
     resumed = wait_for(root, proc, lambda s: bool(s.get("first_iteration_at")))
     (root / "control" / "stop").write_text(str(time.time()))
@@ -65,6 +73,16 @@ def _measure(root: Path, before: Plan, after: Plan, size: str, procs: list) -> d
     return {"checkpoint": st["checkpointed_at"] - asked, "exit": gone - st["checkpointed_at"],
             "relaunch": resumed["launched_at"] - launched, "first": resumed["first_iteration_at"] - resumed["launched_at"],
             "total": resumed["first_iteration_at"] - asked}
+
+
+def loss_difference(root: Path, before: Plan, after: Plan, size: str) -> float:
+    """|final eval loss with the change at LOSS_ITERS / 2 - final eval loss without it|."""
+    from examples.trainer.runner import run
+    common = {"global_batch_size": 8, "target_iterations": LOSS_ITERS, "size": size, "seed": 0}
+    straight = run(root / "straight", {**common, "plan": to_plain(before)}, nproc=before.gpus)
+    run(root / "changed", {**common, "plan": to_plain(before), "stop_after": LOSS_ITERS // 2}, nproc=before.gpus)
+    changed = run(root / "changed", {**common, "plan": to_plain(after)}, nproc=after.gpus, attempt=2)
+    return abs(changed["eval_loss"] - straight["eval_loss"])
 
 
 def _exit_on_signal(signum: int, _frame) -> None:
@@ -90,8 +108,10 @@ def main() -> int:
                 row = one_run(Path(tmp), before, after, args.size)
             rows.append(row)
             print(f"{name:28s} {i + 1:>4d} " + " ".join(f"{row[p]:10.2f}" for p in PARTS), flush=True)
-        print(f"{name:28s} {'med':>4s} " + " ".join(f"{statistics.median(r[p] for r in rows):10.2f}" for p in PARTS),
-              flush=True)
+        with tempfile.TemporaryDirectory(prefix="rubick-bench-") as tmp:
+            dloss = loss_difference(Path(tmp), before, after, args.size)
+        print(f"{name:28s} {'med':>4s} " + " ".join(f"{statistics.median(r[p] for r in rows):10.2f}" for p in PARTS)
+              + f"  dloss {dloss:.2e}", flush=True)
     return 0
 
 

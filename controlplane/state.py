@@ -64,7 +64,8 @@ class JobState:
     priority: int = 0
     """From its submission, changed by `job.priority`."""
     support: PlanSupport | None = None
-    """The plan features its training code runs (`support_of` its workload)."""
+    """The plan features its workload declares (`support_of`); None: it has no workload (it runs what the
+    deployment runs such jobs with: the policy's `default_support`)."""
     """Why it waits or runs short, from the policy's `plan.pending` (None: it does not, or not said)."""
     iterations_done: int = 0
     last_iter_time_s: float | None = None
@@ -163,7 +164,7 @@ class ClusterState:
             if sub.plan.tp > widest:
                 return ("tensor parallelism must stay inside one node", "plan.tp", f"<= {widest}",
                         str(sub.plan.tp))
-        refused = support_of(sub.workload).refusal(sub.plan)
+        refused = support_of(sub.workload).refusal(sub.plan) if sub.workload is not None else None
         if refused is not None:  # the owner's own plan, which its code cannot run
             reason, field_, expected, got = refused
             return (reason + " (its workload's `supports`)", field_, expected, got)
@@ -248,7 +249,7 @@ def _submitted(s: ClusterState, x: p.JobSubmitted, t: float) -> None:
         job_id=x.job_id, tenant=x.tenant, guaranteed=x.guaranteed, model_type=x.model.type,
         global_batch_size=x.global_batch_size, requested_plan=x.plan, requested=x.resources,
         target_iterations=x.target_iterations, submitted_at=t, spec=x.model.spec, priority=x.priority,
-        support=support_of(x.workload))
+        support=support_of(x.workload) if x.workload is not None else None)
 
 
 def _started(s: ClusterState, x: p.JobStarted, t: float) -> None:

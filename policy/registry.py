@@ -43,11 +43,13 @@ def _exact(model: ModelType, gbs: int, plan: Plan) -> JobKind:
 
 def make_policy(name: str, *, oracle: Oracle, models: Mapping[str, ModelType], restart_cost_s: float = 78.0,
                 quotas: Mapping[str, int] | None = None, node_gpus: int = 8, max_job_gpus: int = 64,
-                max_cpus_per_gpu: int = 12, batch_s: float = 60.0, hold_s: float | None = None) -> PolicyCore:
+                max_cpus_per_gpu: int = 12, batch_s: float = 60.0, hold_s: float | None = None,
+                default_support=None) -> PolicyCore:
     """The core of policy `name` (one of `POLICIES`); unknown names raise ValueError. `batch_s`: how
     long a best-effort submission may wait for the next round on a full cluster (`PolicyCore`);
     `hold_s`: how long a job just changed keeps its allocation against best-effort reasons
-    (`RubickEngine.hold_s`; None = twice the restart cost)."""
+    (`RubickEngine.hold_s`; None = twice the restart cost); `default_support`: the plan features of jobs
+    without a workload (`PolicyCore.default_support`; None: any plan)."""
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}: choose one of {', '.join(POLICIES)}")
     if restart_cost_s < 0 or restart_cost_s != restart_cost_s:
@@ -78,4 +80,4 @@ def make_policy(name: str, *, oracle: Oracle, models: Mapping[str, ModelType], r
     else:
         engine, kind = EqualEngine(**common), _all
     return PolicyCore(policy=name, engine=engine, kind_of=kind, models=dict(sorted(models.items())), oracle=oracle,
-                      batch_s=float(batch_s))
+                      batch_s=float(batch_s), default_support=default_support)

@@ -90,6 +90,9 @@ class PolicyCore:
     """`plan.pending` events published (their ids count them)"""
     reasons: bool = True
     """Publish `plan.pending`; off only to measure what it costs (bench/policy_round.py)."""
+    default_support: object = None
+    """The plan features of jobs without a workload (`PlanSupport`): the example trainer's where real agents
+    run them (`controlplane.events.workload.EXAMPLE_TRAINER`); None where they are simulated (any plan)."""
     _kinds: dict = field(default_factory=dict, repr=False)
     _runs: dict = field(default_factory=dict, repr=False)
 
@@ -225,11 +228,11 @@ class PolicyCore:
                     "a profiled forward time", "nothing")
         book = self.engine.book
         # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
-        kind = JobKind(model, job.global_batch_size, ALL_FAMILIES, support=job.support)
+        kind = JobKind(model, job.global_batch_size, ALL_FAMILIES, support=self._support(job))
         nodes = self.state.alive_nodes()
         cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
         cpg = min(cpg, book.max_cpus_per_gpu)
-        key = (job.model_type, job.global_batch_size, cpg, book.max_gpus, job.support)
+        key = (job.model_type, job.global_batch_size, cpg, book.max_gpus, self._support(job))
         runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
         if runs is None:
             runs = self._runs[key] = bool(book.gpu_curve(kind, cpg).max() > 0 or book.gpu_curve(kind, 1).max() > 0)
@@ -248,6 +251,10 @@ class PolicyCore:
                         f"{job.requested.gpus} GPUs it asks for, so there is no performance to guarantee{need}",
                         "data.resources.gpus", f">= {least}" if least else "more GPUs", str(job.requested.gpus))
         return None
+
+    def _support(self, job: JobState):
+        """What the job's training code runs: its workload's declaration, else the deployment's default."""
+        return job.support if job.support is not None else self.default_support
 
     def _kind(self, model: ModelType, global_batch: int, plan, support=None) -> JobKind:
         """One `JobKind` object per distinct kind, so what it caches is computed once; `support` limits it to
@@ -272,7 +279,7 @@ class PolicyCore:
             done += max(0.0, t - prog.at) / prog.iter_time_s
         remaining = max(0.0, job.target_iterations - done)
         return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
-                     kind=self._kind(model, job.global_batch_size, job.requested_plan, job.support),
+                     kind=self._kind(model, job.global_batch_size, job.requested_plan, self._support(job)),
                      order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
                      requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,

@@ -203,9 +203,12 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
         oracle = TableOracle(env=parts.env, table=parts.table)
     else:
         raise ValueError(f"unknown oracle {cfg.oracle!r} (model or table)")
+    from controlplane.events.workload import EXAMPLE_TRAINER
+    # nodes that register themselves are real agents: a job without a workload runs their example trainer;
+    # on a simulated cluster (`cluster` set) it runs whatever plan is decided
     return make_policy(cfg.policy, oracle=oracle, models=dict(parts.models), restart_cost_s=cfg.restart_cost_s,
                        quotas=cfg.quotas, node_gpus=node_gpus(cfg), batch_s=cfg.batch_s,
-                       hold_s=cfg.hold_s)
+                       hold_s=cfg.hold_s, default_support=None if cfg.cluster else EXAMPLE_TRAINER)
 
 
 def policy_names() -> tuple[str, ...]:

@@ -58,6 +58,10 @@ class PlanSupport:
     zero_with_model_parallel: bool = spec("ZeRO or offload together with tp > 1 or pp > 1", default=False,
                                           example=False)
     gc: bool = spec("gradient checkpointing", default=True, example=True)
+    heads: int | None = spec("attention heads of the model the code builds, when not the job's spec's: tp must "
+                             "divide them", ge=1, le=1_000_000, default=None, example=None)
+    layers: int | None = spec("layers of the model the code builds, when not the job's spec's: pp must divide them",
+                              ge=1, le=1_000_000, default=None, example=None)
 
     def refusal(self, plan) -> tuple[str, str, str, str] | None:
         """(reason, field, expected, got) when the code cannot run `plan`; None when it can."""
@@ -67,6 +71,12 @@ class PlanSupport:
         if plan.pp > self.max_pp:
             return ("the job's training code cannot run this pipeline-parallel size", "plan.pp",
                     f"<= {self.max_pp}", str(plan.pp))
+        if self.heads is not None and self.heads % plan.tp:
+            return (f"tp does not divide the {self.heads} attention heads of the model the job's code builds",
+                    "plan.tp", f"a divisor of {self.heads}", str(plan.tp))
+        if self.layers is not None and self.layers % plan.pp:
+            return (f"pp does not divide the {self.layers} layers of the model the job's code builds", "plan.pp",
+                    f"a divisor of {self.layers}", str(plan.pp))
         if plan.zero_stage and not self.zero:
             return ("the job's training code does not run ZeRO", "plan.zero_stage", "0", str(plan.zero_stage))
         if plan.offload and not self.offload:
@@ -81,8 +91,10 @@ class PlanSupport:
 
 DATA_PARALLEL_ONLY = PlanSupport()
 """What a workload that declares nothing is taken to run: the DP family (ZeRO, offload, GA, GC)."""
-EXAMPLE_TRAINER = PlanSupport(max_tp=65_536, max_pp=65_536)
-"""The example trainer (`examples/trainer`): every plan, ZeRO and offload only without TP and PP."""
+EXAMPLE_TRAINER = PlanSupport(max_tp=4, max_pp=2, heads=4, layers=2)
+"""The example trainer (`examples/trainer`): ZeRO and offload only without TP and PP, and the TP and PP sizes
+every model size it builds runs (`tiny` and `small` have 4 heads, `medium` 8; `tiny` has 2 layers, `small`
+4, `medium` 6): TP 1, 2 or 4, PP 1 or 2, whatever the model type's spec says."""
 
 
 @dataclass(frozen=True)

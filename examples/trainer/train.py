@@ -92,7 +92,7 @@ def train(job: TrainingJob) -> int:
     if plan.tp > 1 or plan.pp > 1:
         return train_3d(job, model, data, saved, ckpt_path)
     if saved is not None:
-        checkpoint.load_weights(saved, model)
+        unusable(lambda: checkpoint.load_weights(saved, model), ckpt_path)
     config = (job.deepspeed_config() if DEEPSPEED_CONFIG in job.env
               else deepspeed_config(plan, gbs, lr=float(run.get("lr", 3e-3))))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -157,6 +157,15 @@ def read_checkpoint(path: Path, model_type: str | None) -> dict | None:
     return saved
 
 
+def unusable(load, path: Path) -> None:
+    """Load a checkpoint; one that does not fit the model (another size or architecture) ends the run with
+    the reason, on every rank alike (each checks the same file), so no rank waits for the others."""
+    try:
+        load()
+    except RuntimeError as exc:
+        raise SystemExit(f"cannot resume from {path}: {exc}") from None
+
+
 def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path) -> int:
     """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract."""
     run, plan = job.run, job.plan
@@ -167,7 +176,7 @@ def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckp
         raise SystemExit(f"plan {plan.code()} cannot run: {exc}") from None
     start = 0
     if saved is not None:
-        checkpoint.load_owned(saved, par.params, par.optimizer)
+        unusable(lambda: checkpoint.load_owned(saved, par.params, par.optimizer), ckpt_path)
         start = int(saved["iteration"])
         del saved
     meta = {"plan": plan.code(), "model_type": run.get("model_type")}

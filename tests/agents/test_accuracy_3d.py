@@ -71,8 +71,12 @@ def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path):
     with pytest.raises(RuntimeError) as err:
         run(job, {**COMMON, "plan": {"dp": 2}, "model_type": "example"}, nproc=2, attempt=2, timeout=120)
     assert "is a checkpoint of model type other-model, not example" in str(err.value)
+    with pytest.raises(RuntimeError) as err:  # a checkpoint of another size of model does not fit
+        run(job, {**COMMON, "size": "tiny", "plan": {"dp": 1, "tp": 2}, "model_type": "other-model"}, nproc=2,
+            attempt=3, timeout=120)
+    assert "cannot resume from" in str(err.value) and "does not fit the model" in str(err.value)
     (job / "checkpoint.pt").write_bytes(b"\x80\x04torn")
     with pytest.raises(RuntimeError) as err:
         run(job, {**COMMON, "plan": {"dp": 1, "pp": 2, "micro_batches": 2}, "model_type": "other-model"}, nproc=2,
-            attempt=3, timeout=120)
+            attempt=4, timeout=120)
     assert "cannot read the checkpoint" in str(err.value)

@@ -24,6 +24,15 @@ def test_enough_configurations_and_offload_ones(devices):
     assert len(set(plans)) == len(plans) and all(p.dp in (1, devices) for p in plans)
 
 
+def test_3d_configurations_where_the_architecture_allows_them():
+    plans = sample_plans(4, 8, heads=4, layers=2)
+    three_d = {p.code() for p in plans if p.tp > 1 or p.pp > 1}
+    assert three_d == {"dp2-tp2-pp1-z0-ga1", "dp1-tp4-pp1-z0-ga1", "dp2-tp1-pp2-z0-ga1-mb4",
+                       "dp1-tp2-pp2-z0-ga1-mb8"}, "PP 4 does not divide 2 layers; PP with one sample per micro-batch"
+    assert all(p.gpus == 4 for p in plans if p.tp > 1 or p.pp > 1)
+    assert not [p for p in sample_plans(4, 8, heads=3, layers=3) if p.tp > 1 or p.pp > 1]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 async def test_profile_publishes_and_the_modeler_fits_its_table(js_bus, nats_server, tmp_path):
@@ -35,7 +44,9 @@ async def test_profile_publishes_and_the_modeler_fits_its_table(js_bus, nats_ser
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert len(rows) >= MIN_CONFIGS and sum(r["offload"] == "1" for r in rows) >= MIN_OFFLOAD
-    assert all(float(r["iter_time_s"]) > 0 and float(r["forward_ms"]) > 0 for r in rows)
+    assert all(float(r["iter_time_s"]) > 0 for r in rows)
+    assert all(float(r["forward_ms"]) > 0 for r in rows if r["pp"] == "1")  # a pipeline's forward is not apart
+    assert {(r["tp"], r["pp"]) for r in rows} >= {("2", "1"), ("1", "2")}, "TP and PP measured too"
 
     assert "could not be published" not in done.stderr
     events = [decode(d.data, d.subject) async for d in js_bus.read(("metrics.iteration", "metrics.iteration.>"))]
