@@ -186,7 +186,8 @@ def _like(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """`full` laid out as `p` is: this rank's shard of a DTensor parameter, else the tensor itself."""
     from torch.distributed.tensor import DTensor, distribute_tensor
     if isinstance(p, DTensor):
-        return distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None)
+        return distribute_tensor(full.to(device=p.device_mesh.device_type, dtype=p.dtype), p.device_mesh,
+                                 p.placements, src_data_rank=None)
     return full.to(device=p.device, dtype=p.dtype)
 
 
@@ -218,3 +219,4 @@ def load_owned(state: dict[str, Any], params: dict[str, torch.nn.Parameter],
         if any(m is None for m in moments.values()):
             continue  # written before the first optimizer step: Adam starts fresh
         optimizer.state[p] = {"step": torch.tensor(step), **{k: _like(m, p) for k, m in moments.items()}}
+        # (the step stays a CPU scalar, as torch's Adam keeps it when not capturable)

@@ -3,7 +3,7 @@
 A plan with `tp > 1` or `pp > 1` runs here instead of under DeepSpeed (`train.py` picks):
 
 - the ranks form a (dp, pp, tp) device mesh, tensor parallelism innermost, so a TP group is on one
-  node as the policy lays plans out;
+  node as the policy lays plans out; on the CPU under gloo, or on each rank's GPU under NCCL;
 - **TP** (`torch.distributed.tensor.parallel`): in every block, `q`, `k`, `v` and the MLP's first layer
   are split by output (ColwiseParallel: each rank computes its heads), `proj` and the MLP's second
   layer by input (RowwiseParallel: one all-reduce after each); embeddings, norms and the output layer
@@ -88,6 +88,7 @@ class Parallel:
     pp_rank: int = 0
     tp_rank: int = 0
     groups: dict[str, Any] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def first(self) -> bool:
@@ -106,7 +107,10 @@ class Parallel:
 def build(plan: Plan, model: TinyGPT, global_batch: int, *, lr: float) -> Parallel:
     """Split `model` (built identically on every rank) for this rank under `plan`; collective."""
     check(plan, model, global_batch)
-    mesh = init_device_mesh("cpu", (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
+    # the processes' device: this rank's GPU under NCCL, the CPU under gloo
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    model.to(device)
+    mesh = init_device_mesh(device.type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
     if plan.tp > 1:
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], TP_PLAN)
@@ -117,9 +121,9 @@ def build(plan: Plan, model: TinyGPT, global_batch: int, *, lr: float) -> Parall
                                   foreach=False)
     out = Parallel(plan, model, mesh, stage, params, optimizer, dp_rank=mesh["dp"].get_local_rank(),
                    pp_rank=pp_rank, tp_rank=mesh["tp"].get_local_rank(),
-                   groups={k: mesh[k].get_group() for k in ("dp", "pp", "tp")})
+                   groups={k: mesh[k].get_group() for k in ("dp", "pp", "tp")}, device=device)
     if plan.pp > 1:
-        pipe = PipelineStage(stage, pp_rank, plan.pp, torch.device("cpu"), group=out.groups["pp"])
+        pipe = PipelineStage(stage, pp_rank, plan.pp, device, group=out.groups["pp"])
         kind = Schedule1F1B if plan.micro_batches >= plan.pp else ScheduleGPipe
         # grads are scaled here (over micro-batches and accumulation steps), not by the schedule
         out.schedule = kind(pipe, n_microbatches=plan.micro_batches, loss_fn=loss_of, scale_grads=False)
@@ -137,6 +141,7 @@ def train_step(par: Parallel, batches: list[tuple[torch.Tensor, torch.Tensor]], 
     loss_sum = torch.zeros(1)
     phase = reporter.phase if reporter is not None else _no_phase
     for x, y in batches:
+        x, y = x.to(par.device), y.to(par.device)
         if par.schedule is None:
             with phase("fwd"):
                 loss = loss_of(par.stage(x), y)
@@ -170,9 +175,9 @@ def train_step(par: Parallel, batches: list[tuple[torch.Tensor, torch.Tensor]], 
         _clip(par)
         par.optimizer.step()
     # the loss the last stage saw, averaged over the replicas, on every rank
-    mine = loss_sum / plan.ga_steps if (par.last and par.tp_rank == 0) else torch.zeros(1)
+    mine = (loss_sum / plan.ga_steps if (par.last and par.tp_rank == 0) else torch.zeros(1)).to(par.device)
     dist.all_reduce(mine)
-    return float(mine) / plan.dp
+    return float(mine.cpu()) / plan.dp
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -182,8 +187,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _clip(par: Parallel) -> None:
     """Clip the gradients to `MAX_GRAD_NORM` over the whole model's global norm (shards summed over the
     TP group, stages over the PP group; replicated parameters counted once)."""
-    sharded = torch.zeros(1, dtype=torch.float64)
-    whole = torch.zeros(1, dtype=torch.float64)
+    sharded = torch.zeros(1, dtype=torch.float64, device=par.device)
+    whole = torch.zeros(1, dtype=torch.float64, device=par.device)
     for p in par.params.values():
         if p.grad is None:
             continue
