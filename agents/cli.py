@@ -219,7 +219,7 @@ def agent_credentials(args: argparse.Namespace):
     there (with its reporter's) when this machine holds the credentials folder of a `rubick up`."""
     from controlplane.auth import AuthStore, Identity
     from controlplane.cli.common import credentials_for
-    from controlplane.runtime import read_endpoints
+    from controlplane.endpoints import read_endpoints
 
     identity = Identity("agent", args.node)
     found = credentials_for(args, identity)

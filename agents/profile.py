@@ -113,7 +113,7 @@ def run_profile(args: argparse.Namespace) -> int:
         from controlplane.auth import Identity
         from controlplane.auth.credentials import ENV_CREDS, ENV_TLS_CA
         from controlplane.cli.common import credentials_for
-        from controlplane.runtime import resolve_nats_url
+        from controlplane.endpoints import resolve_nats_url
         url = resolve_nats_url(args.nats_url, args.data_dir)
         # the measuring processes report as the operator who profiles: the bootstrap identity of a local
         # `rubick up`, or the credentials given (docs/security.md)

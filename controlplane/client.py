@@ -88,7 +88,7 @@ class Client:
         ($RUBICK_NATS_CREDS, or the `rubick up` of `data_dir`, default .rubick): see docs/security.md.
         Refused or missing credentials raise `AuthError` saying what is missing."""
         if credentials is None:
-            from .runtime import DEFAULT_DATA_DIR, read_endpoints
+            from .endpoints import DEFAULT_DATA_DIR, read_endpoints
             folder = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
             credentials = find_credentials(identity or Identity("submitter"), data_dir=folder,
                                            endpoints=read_endpoints(folder))

@@ -36,9 +36,7 @@ from .ticker import run_ticker
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA_DIR = Path(".rubick")
-DEFAULT_NATS_PORT = 4222
-ENDPOINTS = "endpoints.json"
+from .endpoints import DEFAULT_DATA_DIR, DEFAULT_NATS_PORT, ENDPOINTS, read_endpoints, resolve_nats_url  # noqa: F401
 
 
 @dataclass
@@ -423,20 +421,4 @@ def _modeler_and_policy(cores: list) -> list:
     return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
 
 
-def read_endpoints(data_dir: Path = DEFAULT_DATA_DIR) -> dict | None:
-    try:
-        return json.loads((Path(data_dir) / ENDPOINTS).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
-
-def resolve_nats_url(explicit: str | None, data_dir: Path = DEFAULT_DATA_DIR) -> str:
-    """--nats-url, else $RUBICK_NATS_URL, else the running `rubick up` of data_dir, else the default port."""
-    if explicit:
-        return explicit
-    if os.environ.get("RUBICK_NATS_URL"):
-        return os.environ["RUBICK_NATS_URL"]
-    endpoints = read_endpoints(data_dir)
-    if endpoints and endpoints.get("nats_url"):
-        return endpoints["nats_url"]
-    return f"nats://127.0.0.1:{DEFAULT_NATS_PORT}"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from controlplane.bus.nats import redact_url
 from controlplane.cli.common import add_nats_args, credentials_for, fail
-from controlplane.runtime import read_endpoints, resolve_nats_url
+from controlplane.endpoints import read_endpoints, resolve_nats_url
 
 from .registry import POLICIES
 

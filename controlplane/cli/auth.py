@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..auth import AuthError, AuthStore, Identity, RoleError, permissions
 from ..auth.roles import ROLES
-from ..runtime import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
+from ..endpoints import DEFAULT_DATA_DIR, read_endpoints, resolve_nats_url
 from .common import fail
 from ..bus.nats import redact_url
 

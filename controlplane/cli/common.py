@@ -12,7 +12,7 @@ from pathlib import Path
 from ..auth import AuthError, Credentials, Identity, find_credentials
 from ..bus.nats import redact_url
 from ..lease import LeaseBucketMissing
-from ..runtime import DEFAULT_DATA_DIR, ENDPOINTS, read_endpoints, resolve_nats_url
+from ..endpoints import DEFAULT_DATA_DIR, ENDPOINTS, read_endpoints, resolve_nats_url
 
 
 def add_nats_args(parser: argparse.ArgumentParser) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..auth import Identity
 from ..eventlog import events as log_events
 from ..models import builtin_model_types
-from ..runtime import read_endpoints, resolve_nats_url
+from ..endpoints import read_endpoints, resolve_nats_url
 from ..state import fold
 from .common import add_nats_args, credentials_for, fail
 
