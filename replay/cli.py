@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -183,8 +184,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if trace.skipped:
         print(f"{len(trace.skipped)} bad line(s) skipped", file=sys.stderr)
     if trace.filtered:
-        print(f"{len(trace.filtered)} line(s) not replayed by the {trace.layout} layout's rules", file=sys.stderr)
+        reasons = Counter(p.reason.removeprefix("filtered: ") for p in trace.filtered)
+        print(f"{len(trace.filtered)} line(s) not replayed by the {trace.layout} layout's rules: "
+              + "; ".join(f"{n} {why}" for why, n in reasons.most_common()), file=sys.stderr)
+    if trace.capped:
+        print(f"{len(trace.capped)} job(s) replayed with fewer GPUs than they asked for "
+              f"(e.g. line {trace.capped[0].line}: {trace.capped[0].reason.removeprefix('capped: ')})", file=sys.stderr)
+    if not trace.jobs:
+        return fail(f"no job to replay in {args.trace}: {len(trace.skipped)} bad line(s) skipped, "
+                    f"{len(trace.filtered)} line(s) not replayed by the {trace.layout} layout's rules")
     jobs = scale_trace(trace.jobs, args.scale)
+    late = sum(1 for j in jobs if j.submit_s > args.max_time_h * 3600)
+    if late:
+        print(f"{late} job(s) arrive after --max-time-h {args.max_time_h:g} h and are not submitted "
+              f"(the last at {max(j.submit_s for j in jobs) / 3600:.1f} h): raise --max-time-h to replay them",
+              file=sys.stderr)
     base = RunConfig(policy=names[0], cluster=args.cluster, restart_cost_s=restart_cost,
                      start_cost_s=start_cost, seed=args.seed, quotas=quotas,
                      oracle=args.oracle, tick_period_s=args.tick, sample_every_s=args.sample_every, noise=args.noise,
@@ -202,7 +216,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         label = f"{name} on {args.cluster}" + (f" ({k}/{len(names)})" if len(names) > 1 else "")
         with sim_progress(show, label, sum(1 for e in inputs if e.base == "job.submitted")) as progress:
             out = simulate(cfg, inputs, parts, out_dir=out_dir, progress=progress if show else None,
-                           extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered)})
+                           extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered),
+                                  "trace_capped": len(trace.capped), "trace_after_max_time": late})
         _print_run(out_dir, out)
     return 0
 

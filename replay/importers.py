@@ -31,6 +31,9 @@ ARTIFACT_REQUIRED = ("name", "submission_time", "application", "num_gpus", "exec
 PAI_COLUMNS = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
                "plan_gpu", "gpu_type")
 PAI_MODELS = ("vit", "roberta", "bert", "t5", "gpt2")
+PAI_MAX_GPUS = 8
+"""A PAI job runs on one 8-GPU node at most (the models' measured rows); one asking for more is capped,
+and counted (`Trace.capped`)."""
 """Model types a PAI job may become (each has measured ZeRO-DP rows on 1, 2, 4 and 8 GPUs of one node)."""
 
 IterTime = Callable[[str, Plan, int], "float | None"]
@@ -163,7 +166,7 @@ def read_artifact(path: str | Path, batches: Mapping[str, int], *, on_bad: str =
                 raise _Bad(f"steps must be >= 1, got {steps}")
             submit = _number(rec, "submission_time")
             if submit < 0:
-                raise _Bad(f"negative submission time {submit:g}")
+                raise _Bad(f"negative submission time {_num(submit)}")
             sla = _number(rec, "is_sla", integer=True, default=0)
             if sla not in (0, 1):
                 raise _Bad(f"is_sla must be 0 or 1, got {sla}")
@@ -200,7 +203,8 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     - only tasks with status `Terminated` that asked for GPUs (`plan_gpu` > 0, in percent of one GPU)
       are replayed; the others are listed in `Trace.filtered`, never as bad;
     - a job's GPUs = ceil(sum over its tasks of inst_num * plan_gpu / 100), rounded up to a power of
-      two and capped at one 8-GPU node; its submission = its earliest task start, its duration =
+      two and capped at one 8-GPU node (each capped job listed in `Trace.capped`); its submission = its
+      earliest task start, its duration =
       latest end - earliest start;
     - its model is `pai_model(job_name)`, its plan ZeRO-DP over all its GPUs (measured for every
       PAI_MODELS type on 1, 2, 4 and 8 GPUs), its steps = duration / measured iteration time
@@ -234,14 +238,14 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
                 continue
             share = _number(rec, "plan_gpu", default=0.0)
             if share < 0:
-                raise _Bad(f"zero or negative GPUs (plan_gpu {share:g})")
+                raise _Bad(f"zero or negative GPUs (plan_gpu {_num(share)})")
             if share == 0:
                 filtered.append(TraceProblem(line, "filtered: no GPU asked for"))
                 continue
             inst = _number(rec, "inst_num", default=1.0)
             start, end = _number(rec, "start_time"), _number(rec, "end_time")
             if end < start:
-                raise _Bad(f"end_time {end:g} before start_time {start:g}")
+                raise _Bad(f"end_time {_num(end)} before start_time {_num(start)}")
             g = groups.setdefault(name, {"line": line, "gpus": 0.0, "start": start, "end": end,
                                          "cpus": 0.0, "user": (rec.get("user") or "").strip()})
             g["gpus"] += inst * share / 100.0
@@ -253,8 +257,13 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
         raise TraceError(str(path), [TraceProblem(0, "no GPU job with status Terminated in the file")])
     t0 = min((g["start"] for g in groups.values()), default=0.0)
     jobs = []
+    capped: list[TraceProblem] = []
     for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["start"], kv[0])):
-        gpus = min(8, 1 << max(0, math.ceil(g["gpus"] - 1e-9) - 1).bit_length())
+        asked = max(1, math.ceil(g["gpus"] - 1e-9))
+        gpus = min(PAI_MAX_GPUS, 1 << (asked - 1).bit_length())
+        if asked > PAI_MAX_GPUS:
+            capped.append(TraceProblem(g["line"], f"capped: job {name} asked for {asked} GPUs, replayed on "
+                                                  f"{PAI_MAX_GPUS} (one node)"))
         model = pai_model(name)
         plan = Plan(dp=gpus, zero_stage=2)
         duration = g["end"] - g["start"]
@@ -265,7 +274,14 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
                              tenant=_tenant(g["user"]), duration_s=duration))
     trace = _finish(path, "pai", jobs, problems, batches, on_bad)
     trace.filtered = filtered
+    kept = {j.line for j in trace.jobs}
+    trace.capped = [c for c in capped if c.line in kept]
     return trace
+
+
+def _num(x: float) -> str:
+    """A number as written in a trace, never in exponent form (a PAI time is 1705270, not 1.70527e+06)."""
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
 
 
 def _tenant(user: str) -> str:

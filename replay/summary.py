@@ -18,8 +18,9 @@ Definitions (docs/simulate.md):
   submission, the requested GPUs of its tenant's guaranteed jobs not yet completed, its own
   included, fit in the tenant's quota (the whole cluster where no quotas are set; 0 for a tenant
   missing from them).
-- GPU utilisation = GPU-seconds held by jobs / (cluster GPUs x makespan); `busy` counts only
-  the time jobs ran (not restarting).
+- GPU utilisation = GPU-seconds held by jobs / (cluster GPUs x the span from the first submission to
+  the last GPU released: the makespan, or longer for a run stopped before its jobs ended), so never
+  above 100%; `busy` counts only the time jobs ran (not restarting).
 - plan_decided_sha256 = sha256 over every `plan.decided` message's wire bytes, in stream order,
   each preceded by its length as 8 bytes big-endian.
 """
@@ -105,9 +106,12 @@ def summarize(events: Sequence[Event], wire: Sequence[bytes], ref_time: RefTime,
     ends = [j["end_s"] for j in jobs if j["status"] == "completed"]
     first = min((j["submitted_s"] for j in jobs), default=0.0)
     makespan = (max(ends) - first) if ends else 0.0
+    # utilisation over the whole span the jobs held GPUs in: a run stopped early (at --max-time-h) has
+    # segments past its last completion, which the makespan alone would leave out of the denominator
+    last = max([first + makespan] + [s.end for j in tl.jobs.values() for s in j.segments])
     held = sum(s.gpus * (s.end - s.start) for j in tl.jobs.values() for s in j.segments)
     busy = sum(s.gpus * (s.end - s.start) for j in tl.jobs.values() for s in j.segments if s.state == "run")
-    denom = tl.total_gpus * makespan
+    denom = tl.total_gpus * (last - first)
     subjects = [e.subject for e in events]
     counts = Counter(e.base for e in events)
     status = Counter(j["status"] for j in jobs)

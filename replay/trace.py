@@ -76,6 +76,8 @@ class Trace:
     """Bad lines left out (`on_bad="skip"`)."""
     filtered: list[TraceProblem] = field(default_factory=list)
     """Lines a layout does not replay by design (e.g. PAI tasks without GPUs); never errors."""
+    capped: list[TraceProblem] = field(default_factory=list)
+    """Jobs replayed with less than they asked for (e.g. a PAI job over one node), each with what it asked."""
 
 
 def decode_plan(code: str, gpus: int) -> Plan:
@@ -115,7 +117,7 @@ def check_jobs(jobs: list[TraceJob], batches: Mapping[str, int]) -> list[TracePr
         elif job.name in seen:
             why = f"job name {job.name!r} used twice"
         elif job.submit_s < last:
-            why = f"submission time {job.submit_s:g} s goes backwards (previous job at {last:g} s)"
+            why = f"submission time {job.submit_s:.3f} s goes backwards (previous job at {last:.3f} s)"
         else:
             try:  # the schema's own validation, exactly as a live submission gets it
                 sub = job.submission(batches[job.model])

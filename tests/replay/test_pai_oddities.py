@@ -1,0 +1,72 @@
+"""What a PAI-format import and its simulation must say rather than hide: jobs capped to one node are
+counted, the rows not replayed are counted by reason, an import with no usable job is an error, jobs past
+`--max-time-h` are counted as not submitted, times in messages are written out, and GPU utilisation of a run
+stopped early never exceeds 100%."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.cli import main
+from replay.importers import read_trace
+from replay.trace import TraceError
+
+HEADER = "job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type\n"
+
+
+def pai(tmp_path, rows: list[str], name: str = "pai.csv"):
+    path = tmp_path / name
+    path.write_text(HEADER + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_job_over_one_node_is_capped_and_counted(tmp_path, parts):
+    path = pai(tmp_path, ["big,worker,65,Terminated,1705270,1708870,600,29,100,V100",
+                          "small,worker,2,Terminated,1705300,1706000,600,29,100,V100"])
+    trace = read_trace(path, parts.batches)
+    assert {j.name: j.gpus for j in trace.jobs} == {"big": 8, "small": 2}
+    [capped] = trace.capped
+    assert capped.line == 2 and "asked for 65 GPUs, replayed on 8" in capped.reason
+
+
+def test_times_in_messages_are_written_out(tmp_path, parts):
+    path = pai(tmp_path, ["late,worker,1,Terminated,1705270,1700000,600,29,100,V100"])
+    with pytest.raises(TraceError) as err:
+        read_trace(path, parts.batches)
+    assert "end_time 1700000 before start_time 1705270" in str(err.value) and "e+06" not in str(err.value)
+
+
+def test_simulate_says_what_it_leaves_out_and_refuses_an_empty_import(tmp_path, capsys):
+    rows = [f"j{i},worker,1,Terminated,{i * 600},{i * 600 + 300},600,29,100,V100" for i in range(6)]
+    rows += ["f1,worker,1,Failed,10,20,600,29,100,V100", "f2,worker,1,Failed,10,20,600,29,100,V100",
+             "c1,worker,1,Terminated,10,20,600,29,0,", "huge,worker,16,Terminated,0,300,600,29,100,V100"]
+    path = pai(tmp_path, rows)
+    # the last two jobs arrive after 0.6 h (at 0.67 h and 0.83 h): not submitted, and said so
+    assert main(["simulate", "--trace", str(path), "--cluster", "2x8", "--policy", "rubick", "--max-time-h", "0.6",
+                 "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "3 line(s) not replayed by the pai layout's rules: 2 status 'Failed'; 1 no GPU asked for" in err
+    assert "1 job(s) replayed with fewer GPUs than they asked for" in err and "asked for 16 GPUs" in err
+    assert "2 job(s) arrive after --max-time-h 0.6 h and are not submitted" in err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["trace_capped"], summary["trace_after_max_time"], summary["trace_filtered"]) == (1, 2, 3)
+    assert 0.0 < summary["gpu_utilisation"] <= 1.0
+
+    only_bad = pai(tmp_path, ["x,worker,1,Terminated,10,5,600,29,100,V100"], "bad.csv")
+    assert main(["simulate", "--trace", str(only_bad), "--policy", "rubick", "--on-bad", "skip",
+                 "--out", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "no job to replay" in err and "1 bad line(s) skipped" in err
+    assert not (tmp_path / "empty" / "summary.json").exists()
+
+
+def test_utilisation_of_a_run_stopped_before_its_jobs_end_stays_within_the_cluster(tmp_path, capsys):
+    """A long job still running at --max-time-h holds GPUs past the last completion."""
+    rows = ["short,worker,1,Terminated,0,600,600,29,100,V100", "long,worker,8,Terminated,0,360000,600,29,100,V100"]
+    path = pai(tmp_path, rows)
+    assert main(["simulate", "--trace", str(path), "--cluster", "1x8", "--policy", "rubick", "--max-time-h", "2",
+                 "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["gpu_utilisation"] <= 1.0 + 1e-9
