@@ -641,7 +641,9 @@ class RubickEngine:
         best, best_key = None, None
         dkey = self._dkey
         prio = job.inp.priority
-        for vid in self.on_node[node]:
+        # in id order: the victim chosen does not depend on the order (its key decides), but whether a held job
+        # was passed over (`held_back`, the pending reason `held`) must not depend on a set's hash order
+        for vid in sorted(self.on_node[node]):
             if vid == job.id or vid not in dkey:  # not over its minimum when the attempt began
                 continue
             v = self.jobs[vid]

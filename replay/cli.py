@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import math
 import os
+import signal
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -209,6 +210,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .progress import sim as sim_progress
 
     show = progress_enabled(args.progress)
+    from .run import interrupted
+    interrupted.clear()
     for k, name in enumerate(names, 1):
         cfg = replace(base, policy=name)
         out_dir = args.out if len(names) == 1 else args.out / name
@@ -219,6 +222,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                            extra={"trace_skipped": len(trace.skipped), "trace_filtered": len(trace.filtered),
                                   "trace_capped": len(trace.capped), "trace_after_max_time": late})
         _print_run(out_dir, out)
+        if interrupted:
+            print(f"rubick: stopped by {signal.Signals(interrupted[0]).name}: {out_dir} holds what was simulated "
+                  "until then", file=sys.stderr)
+            return 128 + interrupted[0]
     return 0
 
 

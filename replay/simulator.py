@@ -66,6 +66,9 @@ class Simulation:
         self._routes: dict[str, list[Any]] = {}
         self._submitted: set[str] = set()
         self._finished: set[str] = set()
+        self.stop_requested: str | None = None
+        """Set (by a signal handler) to end the run early: it stops at the next point in time, with what it
+        has simulated so far, and says why in its stop reason."""
 
     def _subscribers(self, base: str) -> list[Any]:
         subs = self._routes.get(base)
@@ -118,6 +121,9 @@ class Simulation:
         idle_ticks = 0
         reason = "all jobs finished"
         while True:
+            if self.stop_requested:
+                reason = f"stopped early ({self.stop_requested}) at {self.now:.0f} s of simulated time"
+                break
             due = agents.due()
             next_input = inputs[i].time if i < len(inputs) else None
             next_tick = tick * self.tick_period_s

@@ -70,3 +70,31 @@ def test_utilisation_of_a_run_stopped_before_its_jobs_end_stays_within_the_clust
                  "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["gpu_utilisation"] <= 1.0 + 1e-9
+
+
+def test_a_simulation_stopped_by_a_time_limit_writes_what_it_simulated(tmp_path):
+    """SIGTERM (a batch system's time limit) in the middle of the 10x trace: exit 143, and the run folder
+    holds the log and summary up to then, whose decisions replay byte for byte."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "controlplane.cli", "simulate", "--trace",
+                             str(repo / "data" / "rubick-artifact" / "workload-base.csv"), "--scale", "10",
+                             "--cluster", "80x8", "--policy", "rubick", "--no-progress", "--out", str(out)],
+                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stdout + stderr
+    assert "stopped by SIGTERM" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"].startswith("stopped early (SIGTERM)")
+    assert summary["jobs"]["completed"] < 4060
+    check = subprocess.run([sys.executable, "-m", "controlplane.cli", "replay", str(out / "events"), "--only",
+                            "policy"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
