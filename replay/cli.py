@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")
     p.add_argument("--scale", type=int, default=1, help="repeat the trace N times (see docs/simulate.md)")
+    p.add_argument("--pai-job-table", type=Path, default=None, metavar="FILE",
+                   help="pai layout: the trace's pai_job_table.csv, joined by job name for each job's user and "
+                        "submission time")
     p.add_argument("--on-bad", choices=("refuse", "skip"), default="refuse",
                    help="a bad trace line refuses the file (default) or is skipped and counted")
     p.add_argument("--max-time-h", type=float, default=720.0, help="stop the simulation at this virtual hour")
@@ -174,12 +177,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return t if t is not None and t != float("inf") else None
 
     try:
-        trace = read_trace(args.trace, parts.batches, layout=args.layout, on_bad=args.on_bad, iter_time=iter_time)
+        trace = read_trace(args.trace, parts.batches, layout=args.layout, on_bad=args.on_bad, iter_time=iter_time,
+                           jobs_table=args.pai_job_table)
     except TraceError as exc:
         print(f"rubick: trace refused: {exc}", file=sys.stderr)
         if exc.skippable:
             print("(use --on-bad skip to leave bad lines out)", file=sys.stderr)
         return 2
+    except ValueError as exc:  # a job table with another layout
+        return fail(str(exc))
     for problem in trace.skipped:
         print(f"skipped {problem}", file=sys.stderr)
     if trace.skipped:

@@ -196,8 +196,42 @@ def pai_model(job_name: str) -> str:
     return PAI_MODELS[int.from_bytes(digest[:8], "big") % len(PAI_MODELS)]
 
 
+PAI_JOB_COLUMNS = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
+"""The PAI job table (`pai_job_table.csv`), with or without its header."""
+
+
+def read_pai_jobs(path: str | Path) -> dict[str, tuple[str, float]]:
+    """job name -> (user, submission time) from the PAI job table. A line that cannot be read refuses the
+    file with every bad line named (the table only adds facts; a half-read one would change them silently)."""
+    path = Path(path)
+    first = _first_line(path)
+    if first is None:
+        raise TraceError(str(path), [TraceProblem(0, "empty file")])
+    rows = _rows(path, None if "job_name" in first else PAI_JOB_COLUMNS)
+    header = next(rows)
+    missing = [c for c in ("job_name", "user", "start_time") if c not in header]
+    if missing:
+        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}")])
+    out: dict[str, tuple[str, float]] = {}
+    problems: list[TraceProblem] = []
+    for line, rec, problem in rows:
+        if problem is not None:
+            problems.append(TraceProblem(line, problem))
+            continue
+        try:
+            name = rec["job_name"].strip()
+            if not name:
+                raise _Bad("missing value in column 'job_name'")
+            out[name] = ((rec.get("user") or "").strip(), _number(rec, "start_time"))
+        except _Bad as exc:
+            problems.append(TraceProblem(line, str(exc)))
+    if problems:
+        raise TraceError(str(path), problems)
+    return out
+
+
 def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "refuse",
-             iter_time: IterTime | None = None) -> Trace:
+             iter_time: IterTime | None = None, jobs_table: str | Path | None = None) -> Trace:
     """The PAI task table as jobs. The trace has no model types, plans or iteration counts, so:
 
     - only tasks with status `Terminated` that asked for GPUs (`plan_gpu` > 0, in percent of one GPU)
@@ -210,8 +244,11 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
       PAI_MODELS type on 1, 2, 4 and 8 GPUs), its steps = duration / measured iteration time
       (at least 1);
     - the tenant is the `user` column where present.
-    Jobs are ordered by submission time, then name.
+    With `jobs_table` (the trace's `pai_job_table.csv`), a job found there takes its user as tenant and
+    its submission time from it (a job waits between submission and its first task's start); the others
+    keep the task table's. Jobs are ordered by submission time, then name.
     """
+    joined = read_pai_jobs(jobs_table) if jobs_table is not None else {}
     path = Path(path)
     first = _first_line(path)
     if first is None:
@@ -255,10 +292,17 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
             problems.append(TraceProblem(line, str(exc)))
     if not groups and not problems:
         raise TraceError(str(path), [TraceProblem(0, "no GPU job with status Terminated in the file")])
-    t0 = min((g["start"] for g in groups.values()), default=0.0)
+    for name, g in groups.items():  # the job table's submission (never after the first task starts) and user
+        if name in joined:
+            user, submitted = joined[name]
+            g["submit"] = min(submitted, g["start"])
+            g["user"] = user or g["user"]
+        else:
+            g["submit"] = g["start"]
+    t0 = min((g["submit"] for g in groups.values()), default=0.0)
     jobs = []
     capped: list[TraceProblem] = []
-    for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["start"], kv[0])):
+    for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["submit"], kv[0])):
         asked = max(1, math.ceil(g["gpus"] - 1e-9))
         gpus = min(PAI_MAX_GPUS, 1 << (asked - 1).bit_length())
         if asked > PAI_MAX_GPUS:
@@ -269,7 +313,7 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
         duration = g["end"] - g["start"]
         t = iter_time(model, plan, gpus) if iter_time is not None else None
         steps = max(1, round(duration / t)) if t else max(1, round(duration))
-        jobs.append(TraceJob(line=g["line"], name=name, submit_s=g["start"] - t0, model=model, gpus=gpus,
+        jobs.append(TraceJob(line=g["line"], name=name, submit_s=g["submit"] - t0, model=model, gpus=gpus,
                              cpus=max(0, math.ceil(g["cpus"])), plan=plan, steps=steps,
                              tenant=_tenant(g["user"]), duration_s=duration))
     trace = _finish(path, "pai", jobs, problems, batches, on_bad)
@@ -302,7 +346,7 @@ def detect_layout(path: str | Path) -> str:
 
 
 def read_trace(path: str | Path, batches: Mapping[str, int], *, layout: str = "auto", on_bad: str = "refuse",
-               iter_time: IterTime | None = None) -> Trace:
+               iter_time: IterTime | None = None, jobs_table: str | Path | None = None) -> Trace:
     if on_bad not in ("skip", "refuse"):
         raise ValueError("on_bad must be 'skip' or 'refuse'")
     if not Path(path).is_file():
@@ -311,4 +355,8 @@ def read_trace(path: str | Path, batches: Mapping[str, int], *, layout: str = "a
     name = detect_layout(path) if layout == "auto" else layout
     if name not in IMPORTERS:
         raise ValueError(f"unknown trace layout {name!r} (known: {', '.join(sorted(IMPORTERS))})")
+    if jobs_table is not None:
+        if name != "pai":
+            raise ValueError(f"a job table joins the pai layout only, not {name}")
+        return read_pai(path, batches, on_bad=on_bad, iter_time=iter_time, jobs_table=jobs_table)
     return IMPORTERS[name](path, batches, on_bad=on_bad, iter_time=iter_time)

@@ -98,3 +98,28 @@ def test_a_simulation_stopped_by_a_time_limit_writes_what_it_simulated(tmp_path)
     check = subprocess.run([sys.executable, "-m", "controlplane.cli", "replay", str(out / "events"), "--only",
                             "policy"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_job_table_gives_users_and_submission_times(tmp_path, parts, capsys):
+    tasks = pai(tmp_path, ["a,worker,1,Terminated,1000,2000,600,29,100,V100",
+                           "b,worker,2,Terminated,1100,1900,600,29,100,V100",
+                           "c,worker,1,Terminated,1200,1300,600,29,100,V100"])
+    table = tmp_path / "pai_job_table.csv"  # the published file has no header: job_name,inst_id,user,status,...
+    table.write_text("a,1,alice,Terminated,400,2000\nb,2,bob@x,Terminated,1050,1900\n")
+    trace = read_trace(tasks, parts.batches, jobs_table=table)
+    got = {j.name: (j.submit_s, j.tenant) for j in trace.jobs}
+    assert got == {"a": (0.0, "alice"), "b": (650.0, "bob-x"), "c": (800.0, "default")}, got
+    assert [j.name for j in trace.jobs] == ["a", "b", "c"]
+    broken = tmp_path / "broken.csv"
+    broken.write_text("a,1,alice,Terminated,soon,2000\n")
+    with pytest.raises(TraceError) as err:
+        read_trace(tasks, parts.batches, jobs_table=broken)
+    assert "'start_time': 'soon' is not a number" in str(err.value)
+    assert main(["simulate", "--trace", str(tasks), "--pai-job-table", str(table), "--policy", "rubick",
+                 "--cluster", "1x8", "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    artifact = tmp_path / "art.csv"
+    artifact.write_text("name,submission_time,application,num_gpus,exec_plan,steps\nj,0,bert,1,ga,10\n")
+    assert main(["simulate", "--trace", str(artifact), "--pai-job-table", str(table), "--policy", "rubick",
+                 "--out", str(tmp_path / "art")]) == 2
+    assert "joins the pai layout only" in capsys.readouterr().err
