@@ -288,6 +288,19 @@ class Deployment:
         if self.nats is not None:
             self.nats.stop()
 
+    async def _live_state(self, attempts: int = 5):
+        """The fold of the live stream. After a server was killed the JetStream cluster may still be moving
+        a consumer leader when the check starts: a consumer create that times out is tried again (the check
+        reads; it does not judge how fast the cluster recovers)."""
+        import nats.errors
+        for attempt in range(attempts):
+            try:
+                return await live_state(self.nats.url)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(1.0)
+
     async def check(self, outcome: Outcome, last: int) -> Outcome:
         from controlplane.cli import main
 
@@ -300,7 +313,7 @@ class Deployment:
         recorded = log_events(self.log)
         outcome.notes += [f"{p}: {r}" for p, r in recorded.problems]
         from_log = fold(recorded.events, known_models=builtin_model_types())
-        live = await live_state(self.nats.url)
+        live = await self._live_state()
         outcome.state_equal = from_log == live
         if not outcome.state_equal:
             outcome.notes.append(f"state differs: log folded {from_log.events} events, live {live.events}")
