@@ -200,18 +200,25 @@ PAI_JOB_COLUMNS = ("job_name", "inst_id", "user", "status", "start_time", "end_t
 """The PAI job table (`pai_job_table.csv`), with or without its header."""
 
 
+def _headed_rows(path: Path, columns: tuple[str, ...], required: tuple[str, ...]):
+    """The data rows of a PAI table published with or without its header (`columns` when without); a file
+    that is empty or lacks a `required` column is refused."""
+    first = _first_line(path)
+    if first is None:
+        raise TraceError(str(path), [TraceProblem(0, "empty file")])
+    rows = _rows(path, None if "job_name" in first else columns)
+    header = next(rows)
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}")])
+    return rows
+
+
 def read_pai_jobs(path: str | Path) -> dict[str, tuple[str, float]]:
     """job name -> (user, submission time) from the PAI job table. A line that cannot be read refuses the
     file with every bad line named (the table only adds facts; a half-read one would change them silently)."""
     path = Path(path)
-    first = _first_line(path)
-    if first is None:
-        raise TraceError(str(path), [TraceProblem(0, "empty file")])
-    rows = _rows(path, None if "job_name" in first else PAI_JOB_COLUMNS)
-    header = next(rows)
-    missing = [c for c in ("job_name", "user", "start_time") if c not in header]
-    if missing:
-        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}")])
+    rows = _headed_rows(path, PAI_JOB_COLUMNS, ("job_name", "user", "start_time"))
     out: dict[str, tuple[str, float]] = {}
     problems: list[TraceProblem] = []
     for line, rec, problem in rows:
@@ -250,15 +257,7 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     """
     joined = read_pai_jobs(jobs_table) if jobs_table is not None else {}
     path = Path(path)
-    first = _first_line(path)
-    if first is None:
-        raise TraceError(str(path), [TraceProblem(0, "empty file")])
-    has_header = "job_name" in first
-    rows = _rows(path, None if has_header else PAI_COLUMNS)
-    header = next(rows)
-    missing = [c for c in PAI_COLUMNS if c not in header]
-    if missing:
-        raise TraceError(str(path), [TraceProblem(1, f"missing column(s) {', '.join(missing)}")])
+    rows = _headed_rows(path, PAI_COLUMNS, PAI_COLUMNS)
     problems: list[TraceProblem] = []
     filtered: list[TraceProblem] = []
     groups: dict[str, dict] = {}
