@@ -214,6 +214,18 @@ def _headed_rows(path: Path, columns: tuple[str, ...], required: tuple[str, ...]
     return rows
 
 
+def _named(rows, problems: list[TraceProblem]):
+    """(line, record, job name) of each readable row of a PAI table; a line that cannot be read, or has no
+    job name, goes to `problems`."""
+    for line, rec, problem in rows:
+        if problem is None and not rec["job_name"].strip():
+            problem = "missing value in column 'job_name'"
+        if problem is not None:
+            problems.append(TraceProblem(line, problem))
+            continue
+        yield line, rec, rec["job_name"].strip()
+
+
 def read_pai_jobs(path: str | Path) -> dict[str, tuple[str, float]]:
     """job name -> (user, submission time) from the PAI job table. A line that cannot be read refuses the
     file with every bad line named (the table only adds facts; a half-read one would change them silently)."""
@@ -221,14 +233,8 @@ def read_pai_jobs(path: str | Path) -> dict[str, tuple[str, float]]:
     rows = _headed_rows(path, PAI_JOB_COLUMNS, ("job_name", "user", "start_time"))
     out: dict[str, tuple[str, float]] = {}
     problems: list[TraceProblem] = []
-    for line, rec, problem in rows:
-        if problem is not None:
-            problems.append(TraceProblem(line, problem))
-            continue
+    for line, rec, name in _named(rows, problems):
         try:
-            name = rec["job_name"].strip()
-            if not name:
-                raise _Bad("missing value in column 'job_name'")
             out[name] = ((rec.get("user") or "").strip(), _number(rec, "start_time"))
         except _Bad as exc:
             problems.append(TraceProblem(line, str(exc)))
@@ -261,14 +267,8 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     problems: list[TraceProblem] = []
     filtered: list[TraceProblem] = []
     groups: dict[str, dict] = {}
-    for line, rec, problem in rows:
-        if problem is not None:
-            problems.append(TraceProblem(line, problem))
-            continue
+    for line, rec, name in _named(rows, problems):
         try:
-            name = rec["job_name"].strip()
-            if not name:
-                raise _Bad("missing value in column 'job_name'")
             if rec["status"].strip() != "Terminated":
                 filtered.append(TraceProblem(line, f"filtered: status {rec['status'].strip()!r}"))
                 continue
