@@ -33,6 +33,8 @@ SUBJECTS: dict[str, tuple[type, int]] = {
     "quota.set": (p.QuotaSet, 1),
     "quota.rejected": (p.Rejected, 1),
     "run.rejected": (p.Rejected, 1),
+    "network.decided": (p.NetworkDecided, 1),
+    "network.rejected": (p.Rejected, 1),
 }
 """Catalogue subject -> (payload class, current schema version)."""
 
@@ -42,7 +44,7 @@ CONTROL = frozenset({"job.cancel", "job.suspend", "job.resume", "job.priority"})
 REJECTED_SUFFIX = ".rejected"
 
 STREAM_NAME = "RUBICK"
-STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>", "quota.>")
+STREAM_SUBJECTS = ("job.>", "node.>", "metrics.>", "model.>", "plan.>", "clock.>", "run.>", "quota.>", "network.>")
 """One JetStream stream captures every control-plane subject (and any routing suffix)."""
 
 NODE_SCOPED = frozenset({"job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted",

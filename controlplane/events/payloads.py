@@ -412,6 +412,37 @@ class PlanPending:
     cleared: tuple[str, ...] = spec("jobs that no longer wait or run short", default=())
 
 
+NETWORK_MODES = ("fair", "coflow", "echelonflow")
+MAX_TRAFFIC_CLASSES = 8
+
+
+@dataclass(frozen=True)
+class JobNetwork:
+    """One job's share of the network: the traffic class its flows are sent in (0 is served first)."""
+
+    job_id: str = ident("job id", "gpt2-0007")
+    traffic_class: int = spec("traffic class, 0 first (strict priority between classes)", ge=0,
+                              le=MAX_TRAFFIC_CLASSES - 1, example=0)
+    rank: int = spec("the job's place in the scheduler's order, 0 first", ge=0, le=MAX_GPUS, example=0)
+    bytes_per_iteration: float = spec("bytes one iteration sends between nodes", unit="bytes", ge=0, le=1e18,
+                                      example=6.2e9)
+    tardiness_s: float = spec("the smallest tardiness its EchelonFlows can reach alone on the network, summed",
+                              unit="s", ge=0, le=1e9, example=0.15)
+
+
+@dataclass(frozen=True)
+class NetworkDecided:
+    """The network scheduler's decision (docs/network.md): the traffic class of every job whose iteration sends
+    flows between nodes. Published only when a job's class or rank changes; `cleared` lists the jobs that no
+    longer send any (finished, preempted, or now inside one node)."""
+
+    mode: str = spec("network scheduling mode", choices=NETWORK_MODES, example="echelonflow")
+    round: int = spec("decision number, from 1", ge=1, example=3)
+    classes: int = spec("traffic classes the fabric offers", ge=1, le=MAX_TRAFFIC_CLASSES, example=4)
+    decisions: tuple[JobNetwork, ...] = spec("jobs whose class or rank is new or changed", default=())
+    cleared: tuple[str, ...] = spec("jobs that no longer send flows between nodes", default=())
+
+
 @dataclass(frozen=True)
 class ClockTick:
     """Drives periodic work; recorded like every other event."""

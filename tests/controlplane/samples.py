@@ -6,8 +6,8 @@ from controlplane.events import (ClockTick, Decision, JobCompleted, JobFailed, J
                                  JobStarted, JobSubmitted, MetricsIteration, ModelRef, ModelSpec, ModelUpdated,
                                  NodeHeartbeat, NodeLost, NodeRegistered, NodeShare, Plan, PlanDecided, Rejected,
                                  Resources, make)
-from controlplane.events.payloads import (JobControl, JobPriority, ModelDescription, Pending, PlanPending,
-                                          QuotaSet, RunDescribed)
+from controlplane.events.payloads import (JobControl, JobNetwork, JobPriority, ModelDescription, NetworkDecided,
+                                          Pending, PlanPending, QuotaSet, RunDescribed)
 
 PLAN = Plan(dp=2, zero_stage=2, ga_steps=2)
 ALLOC = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
@@ -47,6 +47,10 @@ PAYLOADS = {
     "plan.pending": PlanPending(round=17, policy="rubick", pending=(
         Pending(job_id="bert-0002", reason="quota", gpus=0, needs_gpus=2, detail={"quota": "16", "quota_used": "16"}),
         Pending(job_id="vit-0003", reason="no-fit", gpus=0, needs_gpus=4)), cleared=("gpt2-0007",)),
+    "network.decided": NetworkDecided(mode="echelonflow", round=3, classes=4, decisions=(
+        JobNetwork(job_id="gpt2-0007", traffic_class=0, rank=0, bytes_per_iteration=6.2e9, tardiness_s=0.15),
+        JobNetwork(job_id="bert-0002", traffic_class=1, rank=1, bytes_per_iteration=1.3e9, tardiness_s=0.4)),
+        cleared=("vit-0003",)),
     "clock.tick": ClockTick(seq=120, period_s=60.0),
     "run.described": RunDescribed(
         service="policy", policy="rubick", restart_cost_s=78.0, batch_s=60.0, refit_min_gain=0.1,
