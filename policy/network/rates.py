@@ -1,0 +1,224 @@
+"""Per-flow rates at one instant: the network scheduler's decision (pure code, no I/O).
+
+The active flows are arrays (one entry per flow): the links each crosses (`paths`, padded with the
+index `len(capacity)`, a link of unlimited capacity), the bytes left, the absolute ideal finish time
+(`deadline`), the EchelonFlow it belongs to (`group`) and, for `classes`, its traffic class.
+
+Modes (all work-conserving: when they return, every flow with bytes left crosses at least one
+saturated link, so no flow could go faster without another going slower):
+
+- `fair`: max-min fair sharing of every link among the flows crossing it (progressive filling), what
+  a fabric of fair-sharing transports converges to;
+- `coflow`: Varys' SEBF + MADD. EchelonFlows are treated as Coflows (one ideal finish time), ranked by
+  their bottleneck time Gamma = max over links of (bytes left on the link / its capacity), smallest
+  first; each in turn gets, from what the ones before it left, the rates that make all its flows
+  finish together at its smallest possible time (MADD); what is left is shared max-min (back-fill);
+- `echelonflow`: the EchelonFlow adaptation (echelonflow-proofs.txt, Property 4). The smallest
+  tardiness T_H an EchelonFlow can reach is the least T with, on every link l it crosses,
+  sum over its active flows j on l of b_j / (d_j + T - now) <= capacity of l (each flow finishing at
+  d_j + T at a constant rate). EchelonFlows are ranked, smallest first, by the part of T_H still to
+  be decided: T_H - max(0, now - min_j d_j, I_H), where I_H is the tardiness its finished flows already
+  locked in (Eq. S2 takes the maximum, so finishing within it costs nothing) -- for a Coflow this is
+  exactly SEBF's Gamma, so on Coflows the two orders agree -- divided by the EchelonFlow's weight.
+  Each in turn gets, from what the ones before it left, rate b_j / (d_j + max(T_H, I_H, 0) - now) for
+  its flow j: never faster than its ideal time, or than the tardiness it already has, needs (a flow
+  with slack lands just in time and leaves the rest to others); what is left is shared max-min
+  (back-fill);
+- `classes`: strict priority between traffic classes (0 first), max-min fair inside a class: what a
+  fabric with per-class priority queues does with the classes `network.decided` gives the jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+MODES = ("fair", "coflow", "echelonflow", "classes")
+EPS = 1e-9
+"""A link with at most this fraction of its capacity left counts as saturated."""
+
+
+@dataclass
+class Active:
+    """The flows active at one instant (see the module docstring)."""
+
+    capacity: np.ndarray      # (L,) bytes/s
+    paths: np.ndarray         # (F, K) link indices, padded with L
+    remaining: np.ndarray     # (F,) bytes
+    deadline: np.ndarray      # (F,) seconds, absolute
+    group: np.ndarray         # (F,) EchelonFlow index
+    weight: np.ndarray | None = None  # (G,) per EchelonFlow, default 1
+    klass: np.ndarray | None = None   # (F,) traffic class, for `classes`
+    incurred: np.ndarray | None = None  # (G,) per EchelonFlow, the largest tardiness of its finished flows
+
+    def __len__(self) -> int:
+        return len(self.remaining)
+
+
+def allocate(mode: str, active: Active, now: float) -> np.ndarray:
+    """Rates (bytes/s) for every active flow."""
+    if mode not in MODES:
+        raise ValueError(f"unknown network mode {mode!r}; expected one of {', '.join(MODES)}")
+    n = len(active)
+    if n == 0:
+        return np.zeros(0)
+    residual = np.append(np.asarray(active.capacity, dtype=np.float64), math.inf)
+    rates = np.zeros(n)
+    if mode == "fair":
+        return maxmin(residual, active.paths, np.ones(n, dtype=bool), rates, active.capacity)
+    if mode == "classes":
+        klass = np.zeros(n, dtype=np.int64) if active.klass is None else np.asarray(active.klass)
+        for c in np.unique(klass):
+            maxmin(residual, active.paths, klass == c, rates, active.capacity)
+        return _backfill(residual, active, rates)
+    _priority(active, now, mode == "coflow", residual, rates)
+    return _backfill(residual, active, rates)
+
+
+def _priority(active: Active, now: float, coflow: bool, residual: np.ndarray, rates: np.ndarray) -> None:
+    """`coflow` and `echelonflow`: rank the EchelonFlows, then give each in turn its rates from what the ones
+    before it left (module docstring). Plain Python over small per-group lists: a group crosses few links."""
+    L = len(residual) - 1
+    rem = active.remaining.tolist()
+    grp = active.group.tolist()
+    rows = active.paths.tolist()
+    members: dict[int, list[int]] = {}
+    links: dict[int, dict[int, list[int]]] = {}
+    for f, g in enumerate(grp):
+        members.setdefault(g, []).append(f)
+        per = links.setdefault(g, {})
+        for link in rows[f]:
+            if link != L:
+                per.setdefault(link, []).append(f)
+    dl = active.deadline.tolist()
+    if coflow:  # one ideal finish time per group: its earliest
+        first = {g: min(dl[f] for f in fs) for g, fs in members.items()}
+        x = [first[g] - now for g in grp]
+    else:
+        x = [d - now for d in dl]
+    cap = residual[:L].tolist()
+    incurred = None if coflow or active.incurred is None else active.incurred.tolist()
+    weight = None if active.weight is None else active.weight.tolist()
+    solved: dict[tuple[int, int], float] = {}
+    keys = []
+    for g in sorted(members):
+        t = -math.inf
+        for link, fs in links[g].items():
+            v = solved[(g, link)] = _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link])
+            t = max(t, v)
+        fs = members[g]
+        if coflow:
+            t += x[fs[0]]  # SEBF's key: the time still needed, Gamma (x = d - now, the same for all)
+        else:
+            # the part of it still to be decided: not the lateness its active flows already have, nor the
+            # tardiness its finished flows locked in (Eq. S2 takes the max, so flows within it cost nothing)
+            t -= max(0.0, -min(x[f] for f in fs), 0.0 if incurred is None else incurred[g])
+        w = 1.0 if weight is None else weight[g]
+        keys.append((t / w if t > 0 else t * w, g))
+    keys.sort()
+    touched: set[int] = set()
+    for _, g in keys:
+        per = links[g]
+        t = -math.inf
+        for link, fs in per.items():
+            v = _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link]) if link in touched else solved[(g, link)]
+            t = max(t, v)
+        if not math.isfinite(t):
+            continue  # a link it needs is full: it waits for the back-fill
+        if not coflow:
+            t = max(t, 0.0, 0.0 if incurred is None else incurred[g])
+        r = {f: rem[f] / max(x[f] + t, 1e-300) for f in members[g]}
+        scale: dict[int, float] = {}
+        for link, fs in per.items():
+            use = sum(r[f] for f in fs)
+            if use > cap[link]:
+                scale[link] = cap[link] / use
+        if scale:  # rounding overshot a link: slow its flows down to fit
+            for f in r:
+                r[f] *= min([scale.get(link, 1.0) for link in rows[f] if link != L])
+        for link, fs in per.items():
+            cap[link] = max(0.0, cap[link] - sum(r[f] for f in fs))
+            touched.add(link)
+        for f, v in r.items():
+            rates[f] += v
+    residual[:L] = cap
+
+
+def _solve(bs: list[float], xs: list[float], cap: float) -> float:
+    """Least T > -min(x) with g(T) = sum b / (x + T) <= cap. Newton's method on 1/g(T) - 1/cap, which is
+    increasing and concave in T (1/g is the parallel sum of the affine x + T over b), so from the largest
+    single-flow bound it climbs to the root without passing it; 1/g is nearly straight, so it takes few
+    steps (exactly one when all x are equal)."""
+    if cap <= 0:
+        return math.inf
+    if len(bs) == 1 or min(xs) == max(xs):
+        return sum(bs) / cap - xs[0]
+    t = max(b / cap - x for b, x in zip(bs, xs))
+    for _ in range(100):
+        g = dg = 0.0
+        for b, x in zip(bs, xs):
+            u = x + t
+            g += b / u
+            dg += b / (u * u)
+        if g <= cap * (1.0 + 1e-12):
+            break
+        step = g * (g - cap) / (cap * dg)
+        if step <= abs(t) * 1e-15:
+            break
+        t += step
+    return t
+
+
+def maxmin(residual: np.ndarray, paths: np.ndarray, mask: np.ndarray, rates: np.ndarray,
+           capacity: np.ndarray | None = None) -> np.ndarray:
+    """Progressive filling: the flows in `mask` all grow at the same pace; a flow stops growing when a
+    link it crosses saturates (has at most `EPS` of its `capacity` left). Adds to `rates` and takes
+    from `residual` (both in place)."""
+    L = len(residual) - 1
+    cap0 = residual[:L].copy() if capacity is None else np.asarray(capacity, dtype=np.float64)
+    growing = mask.copy()
+    # a flow crossing a link already full cannot grow at all
+    full = np.append(residual[:L] <= EPS * np.maximum(cap0, 1.0), False)
+    growing &= ~full[paths].any(axis=1)
+    while growing.any():
+        sub = paths[growing]
+        count = np.bincount(sub.ravel(), minlength=L + 1)[:L]
+        used = count > 0
+        share = np.full(L, math.inf)
+        share[used] = residual[:L][used] / count[used]
+        inc = float(share.min())
+        if not math.isfinite(inc):
+            break  # the growing flows cross no link of finite capacity (cannot happen for real paths)
+        rates[growing] += inc
+        residual[:L] -= count * inc
+        sat = used & (residual[:L] <= EPS * np.maximum(cap0, 1.0) + 1e-300)
+        sat[np.argmin(share)] = True  # the bottleneck is full whatever rounding says
+        residual[:L][sat] = 0.0
+        full = np.append(sat, False)
+        growing &= ~full[paths].any(axis=1)
+    np.maximum(residual, 0.0, out=residual)
+    return rates
+
+
+def _backfill(residual: np.ndarray, active: Active, rates: np.ndarray) -> np.ndarray:
+    """Work conservation: share what is left max-min among every flow that can still grow."""
+    return maxmin(residual, active.paths, np.ones(len(rates), dtype=bool), rates, active.capacity)
+
+
+def smallest_tardiness(links: Sequence[Sequence[int]], sizes: Sequence[float], offsets: Sequence[float],
+                       capacity: Sequence[float], *, coflow: bool = False) -> float:
+    """The smallest tardiness one EchelonFlow (all its flows released at its reference time 0) can reach alone
+    on links of `capacity`: flow j crosses `links[j]`, has `sizes[j]` bytes and ideal finish time `offsets[j]`;
+    `coflow`: with one ideal finish time for all (its bottleneck time Gamma)."""
+    per: dict[int, list[int]] = {}
+    for j, row in enumerate(links):
+        for link in row:
+            per.setdefault(link, []).append(j)
+    x = [0.0] * len(sizes) if coflow else [float(o) for o in offsets]
+    t = -math.inf
+    for link, js in per.items():
+        t = max(t, _solve([float(sizes[j]) for j in js], [x[j] for j in js], float(capacity[link])))
+    return t if per else 0.0
