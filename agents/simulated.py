@@ -44,6 +44,8 @@ from modeler.predictor import Predictor
 from modeler.spec import ModelType
 from modeler.table import MeasuredTable
 
+from .fabric import Fabric, Running
+
 NAME = "agents"
 
 
@@ -118,6 +120,13 @@ class _Job:
     restart_began: float = 0.0
     restart_kind: str = ""
     next_sample: float = math.inf
+    factor: float = 1.0
+    """slowdown from network contention (`agents.fabric`; 1 without a simulated network)"""
+
+    @property
+    def eff(self) -> float:
+        """Seconds one iteration takes now: the measured time, stretched by contention."""
+        return self.iter_s * self.factor
 
 
 def _shape(alloc: tuple[NodeShare, ...]) -> tuple[tuple[int, ...], int | None]:
@@ -131,7 +140,7 @@ class SimulatedAgents:
     subjects = ("node.registered", "node.lost", "job.submitted", "job.rejected", "plan.decided")
 
     def __init__(self, truth: GroundTruth, *, restart_cost_s: float = 78.0, start_cost_s: float = 0.0,
-                 sample_every_s: float = 600.0, noise: float = 0.0, seed: int = 0) -> None:
+                 sample_every_s: float = 600.0, noise: float = 0.0, seed: int = 0, fabric: Fabric | None = None) -> None:
         if restart_cost_s < 0 or start_cost_s < 0 or sample_every_s <= 0 or noise < 0:
             raise ValueError("restart_cost_s >= 0, start_cost_s >= 0, sample_every_s > 0 and noise >= 0 are required")
         self.truth = truth
@@ -153,6 +162,14 @@ class SimulatedAgents:
         self.restarts = {"start": 0, "reconfigure": 0, "resume": 0}
         self.restart_seconds = {"start": 0.0, "reconfigure": 0.0, "resume": 0.0, "abandoned": 0.0}
         """Time jobs spent restarting, by kind; `abandoned`: restarts cut short by a preemption."""
+        self.fabric = fabric
+        """The simulated network (None: jobs never slow each other down, the measured times hold)."""
+        self.classes: dict[str, int] = {}
+        self._changed_at: float | None = None
+        self.slowed_s = 0.0
+        """Seconds of running time added by network contention, over all jobs (at their last speed change)."""
+        if fabric is not None:
+            self.subjects = (*self.subjects, "network.decided")
 
     # --- bus events ------------------------------------------------------------------------------
 
@@ -163,7 +180,15 @@ class SimulatedAgents:
             for d in x.decisions:
                 out.extend(self._decide(d, now))
             self._check_capacity(now)
+            self._changed(now)
             return out
+        if base == "network.decided":
+            for j in x.cleared:
+                self.classes.pop(j, None)
+            for d in x.decisions:
+                self.classes[d.job_id] = d.traffic_class
+            self._changed(now)
+            return []
         if base == "job.submitted":
             if x.job_id not in self.jobs:
                 self.jobs[x.job_id] = _Job(x.job_id, x.model.type, x.target_iterations, x.global_batch_size)
@@ -189,6 +214,8 @@ class SimulatedAgents:
     # --- timers ----------------------------------------------------------------------------------
 
     def due(self) -> float | None:
+        if self._changed_at is not None:
+            self._contend(self._changed_at)
         timers = self.timers
         while timers:
             t, _, job_id, epoch, _ = timers[0]
@@ -230,7 +257,7 @@ class SimulatedAgents:
     def _progress(self, job: _Job, now: float) -> None:
         """Credit the whole iterations run since the anchor (a partial one is lost)."""
         if job.phase == "running" and job.iter_s > 0:
-            job.done = min(job.target, job.done + int((now - job.anchor) / job.iter_s + 1e-9))
+            job.done = min(job.target, job.done + int((now - job.anchor) / job.eff + 1e-9))
 
     def _decide(self, d, now: float) -> list[Event]:
         job = self.jobs.get(d.job_id)
@@ -263,16 +290,16 @@ class SimulatedAgents:
         if was != "restarting":
             job.restart_began = now
             job.restart_kind = ("start" if job.attempt == 0 else "resume") if was == "queued" else "reconfigure"
-        self._phase(job, "restarting")
+        self._phase(job, "restarting", now)
         first = job.attempt == 0
         self._timer(now + (self.start_cost_s if first else self.restart_cost_s), job, "ready")
         return []
 
     def _run(self, job: _Job, now: float) -> None:
-        self._phase(job, "running")
+        self._phase(job, "running", now)
         job.anchor = now
-        end = now + (job.target - job.done) * job.iter_s
-        job.next_sample = now + job.iter_s
+        end = now + (job.target - job.done) * job.eff
+        job.next_sample = now + job.eff
         if job.next_sample >= end:  # it ends within its first iteration: that iteration is reported as it ends
             job.next_sample = end
             self._timer(end, job, "sample")
@@ -293,12 +320,13 @@ class SimulatedAgents:
                     time=now, id=self._id(), source=src)
 
     def _sample(self, job: _Job, now: float) -> Event:
-        iteration = max(0, job.done + int((now - job.anchor) / job.iter_s + 1e-9) - 1)
-        t = job.iter_s
+        iteration = max(0, job.done + int((now - job.anchor) / job.eff + 1e-9) - 1)
+        t = job.eff
         if self.noise > 0:
             t *= float(math.exp(self.rng.normal(0.0, self.noise)))
         nxt = now + self.sample_every_s
-        if nxt < job.anchor + (job.target - job.done) * job.iter_s:
+        if nxt < job.anchor + (job.target - job.done) * job.eff:
+            job.next_sample = nxt
             self._timer(nxt, job, "sample")
         m = MetricsIteration(job_id=job.job_id, model_type=job.model, iteration=iteration, iter_time_s=t,
                              plan=job.plan, gpus_per_node=job.gpus_per_node, node=job.alloc[0].node,
@@ -308,7 +336,7 @@ class SimulatedAgents:
     def _complete(self, job: _Job, now: float) -> Event:
         src = self._src(job)
         job.done, job.alloc = job.target, ()
-        self._phase(job, "finished")
+        self._phase(job, "finished", now)
         job.epoch += 1
         return make("job.completed", JobCompleted(job.job_id, job.target), time=now, id=self._id(), source=src)
 
@@ -318,7 +346,7 @@ class SimulatedAgents:
             self.restart_seconds["abandoned"] += now - job.restart_began
         src = self._src(job)
         job.alloc, job.plan = (), None
-        self._phase(job, "queued")
+        self._phase(job, "queued", now)
         job.epoch += 1
         return make("job.preempted", JobPreempted(job.job_id, reason[:500], job.done), time=now, id=self._id(),
                     source=src)
@@ -327,17 +355,63 @@ class SimulatedAgents:
         self._progress(job, now)
         src = self._src(job)
         job.alloc = ()
-        self._phase(job, "finished")
+        self._phase(job, "finished", now)
         job.epoch += 1
         self.failures[job.job_id] = reason
         return make("job.failed", JobFailed(job.job_id, reason[:500]), time=now, id=self._id(), source=src)
 
-    def _phase(self, job: _Job, phase: str) -> None:
+    def _phase(self, job: _Job, phase: str, now: float) -> None:
         job.phase = phase
         if phase in ("running", "restarting"):
             self.holding[job.job_id] = job
         else:
             self.holding.pop(job.job_id, None)
+            job.factor = 1.0
+        self._changed(now)
+
+    # --- network contention (only with a fabric) -------------------------------------------------
+
+    def _changed(self, now: float) -> None:
+        """Something that changes who shares the network happened; contention is worked out once all that
+        happens at this point in time has been handled (at the next `due`)."""
+        if self.fabric is not None:
+            self._changed_at = now
+
+    def _contend(self, now: float) -> None:
+        self._changed_at = None
+        if self.fabric is None:
+            return
+        # only running jobs send flows (a restarting one is loading its checkpoint)
+        running = {j: Running(job.model, job.plan, job.alloc, job.batch) for j, job in self.holding.items()
+                   if job.phase == "running" and job.plan is not None}
+        factors = self.fabric.slowdowns(running, self.classes)
+        for job_id in sorted(self.holding):
+            job = self.holding[job_id]
+            f = factors.get(job_id, 1.0)
+            if f != job.factor:
+                self._respeed(job, now, f)
+
+    def _respeed(self, job: _Job, now: float, factor: float) -> None:
+        """The job's iteration time changes while it runs: whole iterations done are credited, the partial one
+        goes on at the new speed (nothing is lost: no restart)."""
+        if job.phase != "running" or job.iter_s <= 0:
+            job.factor = factor
+            return
+        elapsed = max(0.0, (now - job.anchor) / job.eff)
+        whole = int(elapsed + 1e-9)
+        job.done = min(job.target, job.done + whole)
+        frac = max(0.0, elapsed - whole)
+        left = job.target - job.done
+        self.slowed_s += left * job.iter_s * (factor - job.factor)
+        job.factor = factor
+        job.anchor = now - frac * job.eff
+        job.epoch += 1
+        end = max(now, job.anchor + left * job.eff)
+        self._timer(end, job, "done")
+        nxt = max(job.next_sample, now)
+        if nxt < end:
+            job.next_sample = nxt
+            self._timer(nxt, job, "sample")
 
     def _check_capacity(self, now: float) -> None:
         used: dict[str, int] = {}

@@ -57,6 +57,10 @@ class UpConfig:
     restart_cost_s: float = 78.0
     quotas: dict[str, int] | None = None
     """GPUs per tenant for guaranteed jobs (None: the whole cluster for every tenant)."""
+    network: str = "none"
+    """Network scheduling (docs/network.md): none, fair, coflow or echelonflow; with one of the last three
+    the network core publishes `network.decided` (and a simulated cluster's jobs contend on a network)."""
+    network_classes: int = 4
     sim_cluster: str | None = None
     """"NxG": run N simulated nodes of G GPUs (the testbed's CPUs and memory) beside the control plane."""
     sim_speed: float = 1.0
@@ -249,7 +253,7 @@ class ControlPlane:
         live.write_run(cfg.event_log, run)
         self._run_file = True
         shell = SimAgentsShell(parts.agents, self.bus, self.sim_clock, parts.nodes)
-        return [parts.core("modeler"), parts.core("policy")], shell
+        return _modeler_and_policy(parts.cores), shell
 
     def _deployment_cores(self) -> list:
         """The modeler and policy cores of a cluster whose agents register themselves; writes run.json
@@ -404,7 +408,8 @@ def deployment_config(cfg: UpConfig):
 
     return RunConfig(policy=cfg.policy, cluster="", restart_cost_s=cfg.restart_cost_s,
                      tick_period_s=cfg.tick_period_s,
-                     quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None)
+                     quotas=dict(sorted(cfg.quotas.items())) if cfg.quotas else None,
+                     network=cfg.network, network_classes=cfg.network_classes)
 
 
 def model_cores(cfg: UpConfig) -> list:
@@ -418,7 +423,8 @@ def model_cores(cfg: UpConfig) -> list:
 
 
 def _modeler_and_policy(cores: list) -> list:
-    return [next(c for c in cores if c.name == name) for name in ("modeler", "policy")]
+    """The modeler and the policy (and the network scheduler, where the configuration has one)."""
+    return [c for name in ("modeler", "policy", "network") for c in cores if c.name == name]
 
 
 

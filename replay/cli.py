@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a bad trace line refuses the file (default) or is skipped and counted")
     p.add_argument("--max-time-h", type=float, default=720.0, help="stop the simulation at this virtual hour")
     p.add_argument("--no-fit-cache", action="store_true", help="fit the model parameters again, do not cache them")
+    p.add_argument("--network", choices=("none", "fair", "coflow", "echelonflow"), default="none",
+                   help="simulate the network between nodes and schedule the jobs' flows (docs/network.md): none "
+                        "(default: jobs never slow each other down), fair sharing, Coflow or EchelonFlow classes")
+    p.add_argument("--network-classes", type=int, default=4, help="traffic classes the fabric offers (1-8, default 4)")
+    p.add_argument("--rack-size", type=int, default=0,
+                   help="nodes per rack behind an oversubscribed core (default 0: one non-blocking tier)")
+    p.add_argument("--oversubscription", type=float, default=1.0,
+                   help="rack uplink = the rack's NIC capacity / this (default 1)")
     add_progress_flag(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -78,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--policy", help="what-if: another policy")
     v.add_argument("--restart-cost", type=float, help="what-if: another restart cost (s)")
     v.add_argument("--out", type=Path, help="what-if: folder of the new run")
-    v.add_argument("--only", help="comma-separated cores to rebuild (admission, modeler, policy; default all); "
+    v.add_argument("--only", help="comma-separated cores to rebuild (admission, modeler, policy, and network where the run had one; default all); "
                                   "the others' recorded answers become inputs")
     v.add_argument("--context", type=int, default=5, help="events shown before a divergence (default 5)")
     v.add_argument("--jobs", type=int, help="processes checking the cores side by side (default: one per CPU, "
@@ -102,7 +110,8 @@ SIMULATE_NUMBERS = (  # option, least value, whether the least value itself is a
     ("--restart-cost", 0.0, True, "seconds"), ("--start-cost", 0.0, True, "seconds"), ("--tick", 0.0, False, "seconds"),
     ("--batch", 0.0, True, "seconds"), ("--hold", 0.0, True, "seconds"), ("--sample-every", 0.0, False, "seconds"),
     ("--noise", 0.0, True, "(a log-normal sigma)"), ("--max-time-h", 0.0, False, "hours"), ("--seed", 0, True, ""),
-    ("--scale", 1, True, "(copies of the trace)"),
+    ("--scale", 1, True, "(copies of the trace)"), ("--network-classes", 1, True, "(traffic classes)"),
+    ("--rack-size", 0, True, "(nodes)"), ("--oversubscription", 1.0, True, "(a ratio)"),
 )
 REPLAY_NUMBERS = (("--restart-cost", 0.0, True, "seconds"), ("--context", 0, True, "events"),
                   ("--jobs", 1, True, "processes"))
@@ -157,6 +166,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     problem = bad_number(args, SIMULATE_NUMBERS)
     if problem:
         return fail(problem)
+    if args.network_classes > 8:
+        return fail(f"--network-classes must be 1 to 8, got {args.network_classes}")
+    if args.network == "none" and (args.rack_size or args.oversubscription != 1.0 or args.network_classes != 4):
+        return fail("--network-classes, --rack-size and --oversubscription describe a network: give --network too")
     default_cost = ARTIFACT_COST_S if args.artifact_costs else None
     restart_cost = args.restart_cost if args.restart_cost is not None else (default_cost or 78.0)
     start_cost = args.start_cost if args.start_cost is not None else (default_cost or 0.0)
@@ -212,7 +225,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      max_time_s=args.max_time_h * 3600, trace=str(args.trace),
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
                      scale=args.scale, on_bad=args.on_bad, batch_s=args.batch,
-                     hold_s=args.hold)
+                     hold_s=args.hold, network=args.network, network_classes=args.network_classes,
+                     rack_size=args.rack_size, oversubscription=args.oversubscription)
     from .progress import sim as sim_progress
 
     show = progress_enabled(args.progress)

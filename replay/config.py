@@ -63,9 +63,22 @@ class RunConfig:
     refit_min_gain: float = 0.10
     """see `modeler.service.ModelerCore`: a refit is published only when it lowers the error on the
     kept points by this fraction"""
+    network: str = "none"
+    """how the network between nodes is simulated and scheduled (docs/network.md): `none` (jobs never slow
+    each other down: the measured times hold), `fair`, `coflow` or `echelonflow`"""
+    network_classes: int = 4
+    """traffic classes the fabric offers (`network.decided`)"""
+    rack_size: int = 0
+    """nodes per rack behind the core (0: one non-blocking tier)"""
+    oversubscription: float = 1.0
+    """rack uplink capacity = the rack's NIC capacity / this"""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.network == "none":  # runs without a network are described exactly as before it existed
+            for k in NETWORK_KEYS:
+                out.pop(k)
+        return out
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> "RunConfig":
@@ -190,6 +203,31 @@ def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_di
 
 
 PolicyFactory = Callable[[RunConfig, Parts], Any]
+NETWORK_KEYS = ("network", "network_classes", "rack_size", "oversubscription")
+NETWORK_MODES = ("none", "fair", "coflow", "echelonflow")
+
+
+def network_core(cfg: RunConfig, parts: Parts) -> Any:
+    """The network scheduler's core for a run with a network (None for `none`)."""
+    if cfg.network == "none":
+        return None
+    if cfg.network not in NETWORK_MODES:
+        raise ValueError(f"unknown network mode {cfg.network!r}; expected one of {', '.join(NETWORK_MODES)}")
+    from policy.network.core import NetworkCore
+
+    return NetworkCore(cfg.network, dict(parts.models), parts.env,
+                       {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
+                       classes=cfg.network_classes, rack_size=cfg.rack_size, oversubscription=cfg.oversubscription)
+
+
+def fabric(cfg: RunConfig, parts: Parts, nodes: list[str]) -> Any:
+    """The simulated network the agents' jobs contend on (None for `none`)."""
+    if cfg.network == "none":
+        return None
+    from agents.fabric import Fabric
+
+    return Fabric(dict(parts.models), parts.env, {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
+                  tuple(nodes), rack_size=cfg.rack_size, oversubscription=cfg.oversubscription)
 
 
 def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
@@ -225,4 +263,6 @@ def control_cores(cfg: RunConfig, parts: Parts, policy_factory: PolicyFactory | 
     modeler = ModelerCore(parts.models, parts.env,
                           {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
                           min_gain=cfg.refit_min_gain)
-    return [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
+    cores = [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
+    net = network_core(cfg, parts)
+    return cores if net is None else [*cores, net]

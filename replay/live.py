@@ -64,10 +64,13 @@ def build(cfg: RunConfig, cache_dir: Path | None = None) -> LiveParts:
 
     from .run import ground_truth
 
+    from .config import fabric
+
     parts = load_parts(cache_dir=cache_dir)
-    agents = SimulatedAgents(ground_truth(parts), restart_cost_s=cfg.restart_cost_s, start_cost_s=cfg.start_cost_s,
-                             sample_every_s=cfg.sample_every_s, noise=cfg.noise, seed=cfg.seed)
     nodes = [e.payload for e in node_events(cfg.cluster)]
+    agents = SimulatedAgents(ground_truth(parts), restart_cost_s=cfg.restart_cost_s, start_cost_s=cfg.start_cost_s,
+                             sample_every_s=cfg.sample_every_s, noise=cfg.noise, seed=cfg.seed,
+                             fabric=fabric(cfg, parts, [n.node for n in nodes]))
     return LiveParts(cfg, parts, control_cores(cfg, parts), agents, nodes)
 
 

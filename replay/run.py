@@ -16,7 +16,7 @@ from controlplane.events import Event, JobSubmitted, make
 from agents.simulated import GroundTruth, SimulatedAgents
 from policy.curves import request_placements
 
-from .config import Parts, PolicyFactory, RunConfig, control_cores, node_events, node_gpus
+from .config import Parts, PolicyFactory, RunConfig, control_cores, fabric, node_events, node_gpus
 from .progress import SimCallback, current as progress_hook
 from .record import write_log
 from .simulator import SimResult, Simulation
@@ -66,9 +66,10 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
     import time
 
     truth = ground_truth(parts)
+    nodes = [e.payload.node for e in inputs if e.base == "node.registered"]
     agents = SimulatedAgents(truth, restart_cost_s=cfg.restart_cost_s, start_cost_s=cfg.start_cost_s,
                              sample_every_s=cfg.sample_every_s,
-                             noise=cfg.noise, seed=cfg.seed)
+                             noise=cfg.noise, seed=cfg.seed, fabric=fabric(cfg, parts, nodes))
     sim = Simulation(control_cores(cfg, parts, policy_factory), agents, tick_period_s=cfg.tick_period_s,
                      max_time_s=cfg.max_time_s)
     with _stop_on_signals(sim):  # a time limit or Ctrl-C: the run stops and what it simulated is written
@@ -83,6 +84,8 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
         "failures": dict(sorted(agents.failures.items())),
         "capacity_violations": len(agents.capacity_violations),
         "ignored_decisions": agents.ignored_decisions,
+        **({"network": {"mode": cfg.network, "slowed_s": agents.slowed_s,
+                        "fluid_simulations": agents.fabric.simulations}} if agents.fabric is not None else {}),
         **(extra or {}),
     }
     summary = summarize(result.events, result.wire, reference_time(truth, node_gpus(cfg)), extra=sim_extra,

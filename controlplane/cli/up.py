@@ -27,6 +27,11 @@ def register(sub) -> None:
                    help="seconds one reconfiguration costs (default 78; with --sim-cluster also what the simulated "
                         "agents charge)")
     p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs")
+    p.add_argument("--network", choices=("none", "fair", "coflow", "echelonflow"), default="none",
+                   help="schedule the jobs' flows between nodes and publish network.decided (traffic classes the "
+                        "agents pass to NCCL; docs/network.md); none (default) publishes nothing")
+    p.add_argument("--network-classes", type=int, default=4, choices=range(1, 9), metavar="1-8",
+                   help="traffic classes the fabric offers (default 4)")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
     p.add_argument("--sim-cluster", metavar="NxG",
                    help="also run simulated node agents: N nodes of G GPUs (e.g. 2x4); needs a fresh --data-dir. "
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.sim_speed != 1.0 or args.sim_sample_every != 600.0:
         return fail("--sim-speed and --sim-sample-every need --sim-cluster")
     cfg = UpConfig(data_dir=args.data_dir, nats_url=args.nats_url, nats_port=args.port, policy=args.policy,
-                   restart_cost_s=args.restart_cost, quotas=quotas,
+                   restart_cost_s=args.restart_cost, quotas=quotas, network=args.network,
+                   network_classes=args.network_classes,
                    metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds,
                    sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every,
                    insecure=args.insecure, creds=args.creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
