@@ -124,7 +124,9 @@ class Simulation:
             if self.stop_requested:
                 reason = f"stopped early ({self.stop_requested}) at {self.now:.0f} s of simulated time"
                 break
-            due = agents.due()
+            t0 = _wall.perf_counter()
+            due = agents.due()  # with a simulated network, contention is worked out here
+            self.spent[agents.name] += _wall.perf_counter() - t0
             next_input = inputs[i].time if i < len(inputs) else None
             next_tick = tick * self.tick_period_s
             if next_input is None and due is None:

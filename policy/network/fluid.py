@@ -64,9 +64,17 @@ class Pattern:
     def check(self, network: Network) -> None:
         if not self.tasks:
             raise NetworkError(f"job {self.job}: an iteration with no tasks")
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise NetworkError(f"job {self.job}: weight must be a finite number > 0, got {w!r}")
+        if isinstance(self.klass, bool) or not isinstance(self.klass, int) or self.klass < 0:
+            raise NetworkError(f"job {self.job}: traffic class must be a whole number >= 0, got {self.klass!r}")
         for i, t in enumerate(self.tasks):
             if any(not 0 <= a < i for a in t.after):
                 raise NetworkError(f"job {self.job} task {i}: it may come only after earlier tasks")
+            if (t.src or t.dst) and not (isinstance(t.size, (int, float)) and t.size > 0 and math.isfinite(t.size)):
+                raise NetworkError(f"job {self.job} task {i}: a flow ({t.src}->{t.dst}) needs a finite size > 0 "
+                                   f"bytes, got {t.size!r}")
             if t.is_flow:
                 if not math.isfinite(t.size):
                     raise NetworkError(f"job {self.job} task {i}: flow size must be finite, got {t.size!r}")
@@ -75,9 +83,9 @@ class Pattern:
                 network.path(t.src, t.dst)  # unknown nodes / a flow to itself
                 if not math.isfinite(t.offset) or t.offset < 0:
                     raise NetworkError(f"job {self.job} task {i}: offset must be finite and >= 0")
-            elif t.size < 0 or not math.isfinite(t.duration) or t.duration < 0:
-                raise NetworkError(f"job {self.job} task {i}: a flow needs bytes > 0 and compute seconds >= 0, "
-                                   f"got size {t.size!r}, duration {t.duration!r}")
+            elif not (t.size == 0 and math.isfinite(t.duration) and t.duration >= 0):
+                raise NetworkError(f"job {self.job} task {i}: a compute task needs finite seconds >= 0 and no bytes, "
+                                   f"got duration {t.duration!r}, size {t.size!r}")
 
     @property
     def flows(self) -> list[Task]:
@@ -144,6 +152,9 @@ class _Sim:
         self.starts = [0.0] * len(patterns) if starts is None else [float(s) for s in starts]
         if len(self.starts) != len(patterns):
             raise ValueError("one start time per job")
+        bad = [p.job for p, s in zip(patterns, self.starts) if not math.isfinite(s) or s < 0]
+        if bad:
+            raise ValueError(f"start times must be finite and >= 0 (jobs {', '.join(bad)})")
         self.runs: list[_Run] = []
         for p in patterns:
             succ: list[list[int]] = [[] for _ in p.tasks]

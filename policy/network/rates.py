@@ -86,29 +86,29 @@ def _priority(active: Active, now: float, coflow: bool, residual: np.ndarray, ra
     grp = active.group.tolist()
     rows = active.paths.tolist()
     members: dict[int, list[int]] = {}
-    links: dict[int, dict[int, list[int]]] = {}
     for f, g in enumerate(grp):
         members.setdefault(g, []).append(f)
-        per = links.setdefault(g, {})
-        for link in rows[f]:
-            if link != L:
-                per.setdefault(link, []).append(f)
     dl = active.deadline.tolist()
     if coflow:  # one ideal finish time per group: its earliest
         first = {g: min(dl[f] for f in fs) for g, fs in members.items()}
         x = [first[g] - now for g in grp]
     else:
         x = [d - now for d in dl]
+    links: dict[int, dict[int, list[int]]] = {}
+    for g, fs in members.items():
+        per = links[g] = {}
+        for f in sorted(fs, key=lambda f: (x[f], f)):  # each link's flows in ideal-finish order
+            for link in rows[f]:
+                if link != L:
+                    per.setdefault(link, []).append(f)
     cap = residual[:L].tolist()
     incurred = None if coflow or active.incurred is None else active.incurred.tolist()
     weight = None if active.weight is None else active.weight.tolist()
-    solved: dict[tuple[int, int], float] = {}
     keys = []
     for g in sorted(members):
         t = -math.inf
         for link, fs in links[g].items():
-            v = solved[(g, link)] = _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link])
-            t = max(t, v)
+            t = max(t, _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link]))
         fs = members[g]
         if coflow:
             t += x[fs[0]]  # SEBF's key: the time still needed, Gamma (x = d - now, the same for all)
@@ -119,32 +119,73 @@ def _priority(active: Active, now: float, coflow: bool, residual: np.ndarray, ra
         w = 1.0 if weight is None else weight[g]
         keys.append((t / w if t > 0 else t * w, g))
     keys.sort()
-    touched: set[int] = set()
     for _, g in keys:
         per = links[g]
         t = -math.inf
         for link, fs in per.items():
-            v = _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link]) if link in touched else solved[(g, link)]
-            t = max(t, v)
+            t = max(t, _edf_bound(fs, rem, x, cap[link]))
         if not math.isfinite(t):
             continue  # a link it needs is full: it waits for the back-fill
         if not coflow:
             t = max(t, 0.0, 0.0 if incurred is None else incurred[g])
-        r = {f: rem[f] / max(x[f] + t, 1e-300) for f in members[g]}
-        scale: dict[int, float] = {}
-        for link, fs in per.items():
-            use = sum(r[f] for f in fs)
-            if use > cap[link]:
-                scale[link] = cap[link] / use
-        if scale:  # rounding overshot a link: slow its flows down to fit
-            for f in r:
-                r[f] *= min([scale.get(link, 1.0) for link in rows[f] if link != L])
-        for link, fs in per.items():
-            cap[link] = max(0.0, cap[link] - sum(r[f] for f in fs))
-            touched.add(link)
-        for f, v in r.items():
+        for f, v in _reserve(per, rem, x, t, cap).items():
             rates[f] += v
     residual[:L] = cap
+
+
+def _edf_bound(fs: list[int], rem: list[float], x: list[float], cap: float) -> float:
+    """The smallest common tardiness T of flows `fs` (in ideal-finish order) sharing one link of `cap`
+    bytes/s: serving them earliest ideal finish first, flow k finishes after the bytes of those up to it,
+    so T = max_k (sum_{j <= k} b_j / cap - (d_k - now)) (Jackson's rule; flows of one ideal time at once)."""
+    if cap <= 0:
+        return math.inf
+    t, total = -math.inf, 0.0
+    for i, f in enumerate(fs):
+        total += rem[f]
+        if i + 1 == len(fs) or x[fs[i + 1]] != x[f]:
+            t = max(t, total / cap - x[f])
+    return t
+
+
+def _reserve(per: dict[int, list[int]], rem: list[float], x: list[float], t: float,
+             cap: list[float]) -> dict[int, float]:
+    """Rates for one EchelonFlow aiming at tardiness `t`: on each link the least constant rate that lands every
+    flow by d_j + t when they are served in ideal-finish order, R_l = max_k sum_{j <= k} b_j / (d_k + t - now);
+    then the flows, earliest ideal finish first, take it (flows of one ideal time together, at rates that
+    finish them together: MADD). Takes the rates from `cap`."""
+    reserve: dict[int, float] = {}
+    for link, fs in per.items():
+        total, need = 0.0, 0.0
+        for i, f in enumerate(fs):
+            total += rem[f]
+            if i + 1 == len(fs) or x[fs[i + 1]] != x[f]:
+                need = max(need, total / max(x[f] + t, 1e-300))
+        reserve[link] = min(need, cap[link])
+    blocks: dict[float, list[int]] = {}
+    flows_links: dict[int, list[int]] = {}
+    for link, fs in per.items():
+        for f in fs:
+            if f not in flows_links:
+                blocks.setdefault(x[f], []).append(f)
+            flows_links.setdefault(f, []).append(link)
+    out: dict[int, float] = {}
+    for d in sorted(blocks):
+        block = blocks[d]
+        on: dict[int, float] = {}
+        for f in block:
+            for link in flows_links[f]:
+                on[link] = on.get(link, 0.0) + rem[f]
+        # the block's common finish time tau with what is left of the reservation
+        tau = max((b / reserve[link] if reserve[link] > 0 else math.inf) for link, b in on.items())
+        if not math.isfinite(tau) or tau <= 0:
+            continue
+        for f in block:
+            out[f] = rem[f] / tau
+        for link, b in on.items():
+            reserve[link] = max(0.0, reserve[link] - b / tau)
+    for link, fs in per.items():
+        cap[link] = max(0.0, cap[link] - sum(out.get(f, 0.0) for f in fs))
+    return out
 
 
 def _solve(bs: list[float], xs: list[float], cap: float) -> float:
@@ -157,6 +198,11 @@ def _solve(bs: list[float], xs: list[float], cap: float) -> float:
     if len(bs) == 1 or min(xs) == max(xs):
         return sum(bs) / cap - xs[0]
     t = max(b / cap - x for b, x in zip(bs, xs))
+    low = -min(xs)
+    if t <= low:  # rounding put the start on the pole (a flow of almost no bytes long overdue)
+        t = math.nextafter(low, math.inf)
+        while t <= low or any(x + t <= 0 for x in xs):
+            t = math.nextafter(t, math.inf)
     for _ in range(100):
         g = dg = 0.0
         for b, x in zip(bs, xs):
@@ -181,7 +227,7 @@ def maxmin(residual: np.ndarray, paths: np.ndarray, mask: np.ndarray, rates: np.
     cap0 = residual[:L].copy() if capacity is None else np.asarray(capacity, dtype=np.float64)
     growing = mask.copy()
     # a flow crossing a link already full cannot grow at all
-    full = np.append(residual[:L] <= EPS * np.maximum(cap0, 1.0), False)
+    full = np.append(residual[:L] <= EPS * cap0, False)
     growing &= ~full[paths].any(axis=1)
     while growing.any():
         sub = paths[growing]
@@ -194,7 +240,7 @@ def maxmin(residual: np.ndarray, paths: np.ndarray, mask: np.ndarray, rates: np.
             break  # the growing flows cross no link of finite capacity (cannot happen for real paths)
         rates[growing] += inc
         residual[:L] -= count * inc
-        sat = used & (residual[:L] <= EPS * np.maximum(cap0, 1.0) + 1e-300)
+        sat = used & (residual[:L] <= EPS * cap0)
         sat[np.argmin(share)] = True  # the bottleneck is full whatever rounding says
         residual[:L][sat] = 0.0
         full = np.append(sat, False)
