@@ -12,6 +12,11 @@ from typing import Any
 from controlplane.cli.common import add_nats_args, fail, run_against_nats
 from controlplane.bus.nats import redact_url
 
+from .traffic import DEFAULT as TRAFFIC_DEFAULT
+from .traffic import TrafficClasses, TrafficClassError, parse as parse_traffic_classes
+
+TRAFFIC_DEFAULT_TEXT = TRAFFIC_DEFAULT.text()
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("agent", help="run the node agent: register, heartbeat, carry out plan.decided")
@@ -34,6 +39,15 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="example trainer: also checkpoint every N iterations (0: only when asked)")
     p.add_argument("--log-level", default="info")
+    t = p.add_argument_group("traffic classes", "what a job's traffic class (network.decided) sets in its training "
+                             "processes' environment at launch (docs/network.md)")
+    tx = t.add_mutually_exclusive_group()
+    tx.add_argument("--traffic-classes", default=None, metavar="TABLE",
+                    help="CLASS:sl=N,tc=N entries separated by ';' (NCCL_IB_SL 0-15, NCCL_IB_TC 0-255, class 0-7); "
+                         "replaces the default table whole; a class left out sets nothing "
+                         f"(default: {TRAFFIC_DEFAULT_TEXT})")
+    tx.add_argument("--no-traffic-classes", action="store_true",
+                    help="set nothing for traffic classes (NCCL's own defaults or the workload's env apply)")
     k = p.add_argument_group("launcher", "how the node's jobs run: local processes, or pods (Kubernetes)")
     k.add_argument("--launcher", choices=("local", "kubernetes"), default="local",
                    help="local: torchrun processes on this machine; kubernetes: one pod per job on this node "
@@ -73,6 +87,10 @@ def register(sub: Any) -> None:
 def run_agent(args: argparse.Namespace) -> int:
     if args.cpu_devices < 0:
         return fail("--cpu-devices must be >= 0")
+    try:
+        traffic_classes(args)
+    except TrafficClassError as exc:
+        return fail(f"--traffic-classes: {exc}")
     if args.launcher == "kubernetes":
         try:
             pod_labels(args.pod_label)
@@ -103,7 +121,7 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
         capacity = discover(args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
                             mem_gb=args.mem_gb or None)
         launcher = LocalLauncher(state_dir, args.node, url, cpu_devices=capacity.cpu_devices, run_extra=run_extra,
-                                 stop_timeout_s=args.stop_timeout)
+                                 stop_timeout_s=args.stop_timeout, traffic_classes=traffic_classes(args))
         launcher.env.update(reporter_env(args, credentials))
     if capacity.gpus == 0:
         print(f"rubick agent: no GPUs found on {args.node}; use --cpu-devices N to run on the CPU", flush=True)
@@ -134,6 +152,15 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
         if close is not None:
             close()
     return 0
+
+
+def traffic_classes(args: argparse.Namespace) -> TrafficClasses | None:
+    """The traffic-class table of `--traffic-classes` (the default when not given; None with
+    `--no-traffic-classes`). TrafficClassError naming a bad entry."""
+    if getattr(args, "no_traffic_classes", False):
+        return None
+    text = getattr(args, "traffic_classes", None)
+    return TRAFFIC_DEFAULT if text is None else parse_traffic_classes(text)
 
 
 def tls_ca_settings(value: str | None) -> dict[str, str]:
@@ -206,7 +233,7 @@ def kubernetes_launcher(args: argparse.Namespace, url: str, run_extra: dict):
                            reporter_secret=args.reporter_secret, pod_labels=pod_labels(args.pod_label),
                            **tls_ca_settings(args.pod_tls_ca_secret),
                            image_pull_secrets=tuple(args.image_pull_secret), gpu_resource=not args.no_gpu_resource,
-                           run_extra=run_extra)
+                           run_extra=run_extra, traffic_classes=traffic_classes(args))
     launcher = KubernetesLauncher(api, args.node, settings, stop_timeout_s=args.stop_timeout,
                                   pending_timeout_s=args.pending_timeout, node_grace_s=args.node_lost_grace)
     if not settings.contract_image:

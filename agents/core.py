@@ -18,6 +18,13 @@ which closes `job.reconfigured` with the measured restart cost); a decision that
 away sends it to `stopping` and then `job.preempted`. Processes that exit otherwise give
 `job.completed` (state `completed`) or `job.failed` (with exit code and log tail), and their
 resources are released.
+
+Traffic classes: the agent keeps the latest class `network.decided` gave each job (a job it lists in
+`cleared` drops back to none), and every `Launch` carries the job's class at that moment (None: none
+known), which the launchers turn into the training processes' environment (`agents.traffic`). NCCL reads
+those variables when it creates a communicator, so a class that changes while a job runs takes effect at
+the job's next launch (a reconfiguration, a resume); the agent does not restart a job for it. A job placed
+by a decision that `network.decided` has not answered yet starts with the class it had before, if any.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from .plan_check import JobInfo, Refusal, check_decision, share_in, share_of
 
 _NODE_FACTS = ("job.started", "job.reconfigured", "job.completed", "job.failed", "job.preempted", "node.registered",
                "node.lost")
-SUBJECTS = ("job.submitted", *_NODE_FACTS, *(f"{s}.>" for s in _NODE_FACTS), "plan.decided", "plan.decided.>")
+SUBJECTS = ("job.submitted", *_NODE_FACTS, *(f"{s}.>" for s in _NODE_FACTS), "plan.decided", "plan.decided.>",
+            "network.decided", "network.decided.>")
 """What an agent reads; the node-scoped facts come bare (recorded logs, simulated agents) or with a node."""
 TERMINAL = ("completed", "failed")
 
@@ -51,6 +59,8 @@ class Launch:
     devices: tuple[int, ...]
     cpu_cores: tuple[int, ...]
     """Cores to bind to; empty = not bound (the share asked for none)."""
+    traffic_class: int | None = None
+    """The job's traffic class from the latest `network.decided` (None: none known)."""
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,8 @@ class AgentCore:
     """Nodes registered and not lost (the allocation of a decision may name only these)."""
     node_lost: bool = False
     """`node.lost` was reported for this node and it has not been ready since."""
+    traffic: dict[str, int] = field(default_factory=dict)
+    """Latest traffic class per job from `network.decided` (absent: none, or cleared)."""
     _actions: list[Action] = field(default_factory=list)
 
     name = "agent"
@@ -219,6 +231,11 @@ class AgentCore:
             self.nodes.discard(x.node)
         elif base == "plan.decided":
             return self._plan(event)
+        elif base == "network.decided":
+            for job_id in x.cleared:
+                self.traffic.pop(job_id, None)
+            for d in x.decisions:
+                self.traffic[d.job_id] = d.traffic_class
         return []
 
     def _plan(self, event: Event) -> list[Event]:
@@ -344,7 +361,8 @@ class AgentCore:
             lj.attempt = max(lj.attempt, self.attempts.get(job_id, 0)) + 1
             self.attempts[job_id] = lj.attempt
             lj.phase = "restarting" if lj.reconfiguring else "launching"
-            self._actions.append(Launch(lj.job, lj.plan, lj.allocation, lj.share, lj.attempt, devices, cores))
+            self._actions.append(Launch(lj.job, lj.plan, lj.allocation, lj.share, lj.attempt, devices, cores,
+                                        self.traffic.get(job_id)))
 
     def _free(self, ids: range, what: str, count: int) -> tuple[int, ...] | None:
         held = {i for lj in self.local.values() if lj.phase != "waiting" for i in getattr(lj, what)}

@@ -2,7 +2,8 @@
 
 `Launcher` is the interface the agent shell uses; `LocalLauncher` runs torchrun (one process
 per device) in its own process group, bound to the allocated CPU cores, with its log, run file,
-status and checkpoint in `<state_dir>/jobs/<job_id>/`. Training processes do not depend on the
+status and checkpoint in `<state_dir>/jobs/<job_id>/`, and the job's traffic class in its
+environment (`agents.traffic`; the workload's own env wins). Training processes do not depend on the
 agent: when the agent dies they go on, and a restarted agent finds them with `find()`; if none
 does within the training lease (`agents.lease`), they checkpoint and exit. A job on one node
 listens on the loopback interface only (`agents.torchrun`).
@@ -27,6 +28,8 @@ from controlplane.events.schema import to_plain
 from . import contract, lease
 from .core import Exited, Fact, FirstIteration, Found, Launch
 from .plan_config import PlanError, torchrun_args, torchrun_env
+from .traffic import DEFAULT as DEFAULT_TRAFFIC_CLASSES
+from .traffic import TrafficClasses, traffic_env
 
 REPO = Path(__file__).resolve().parent.parent
 TRAINER = REPO / "examples" / "trainer" / "train.py"
@@ -126,6 +129,8 @@ class LocalLauncher:
     this long (0: never). Renewed at every poll."""
     env: dict[str, str] = field(default_factory=dict)
     """Added to the training processes' environment: the node's reporter credentials (docs/security.md)."""
+    traffic_classes: TrafficClasses | None = DEFAULT_TRAFFIC_CLASSES
+    """What a job's traffic class sets in its processes' environment (`agents.traffic`; None: nothing)."""
     procs: dict[str, _Proc] = field(default_factory=dict)
 
     def job_dir(self, job_id: str) -> Path:
@@ -171,7 +176,7 @@ class LocalLauncher:
         Path(files.ready_file).unlink(missing_ok=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "OMP_NUM_THREADS": str(max(1, (a.share.cpus or 1) // max(1, a.share.gpus))),
-               **(workload.env if workload else {}), **torchrun_env(a.allocation),
+               **traffic_env(self.traffic_classes, a.traffic_class), **(workload.env if workload else {}), **torchrun_env(a.allocation),
                **contract.contract_env(run, files, self.lease_s), **self.env}
         if not self.cpu_devices:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.devices)

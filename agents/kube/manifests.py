@@ -6,7 +6,8 @@ admit and bind it), requests = limits = the share. The training contract (`agent
 emptyDir at /var/run/rubick that an init container (`agents.kube.contract_files`, the agent's own image)
 fills with the run file and the DeepSpeed configuration; the stop request is the pod annotation
 `rubick.io/stop`, seen through a downward-API file; the first iteration makes the pod Ready (a probe on
-the ready file); the final status is the container's termination message.
+the ready file); the final status is the container's termination message. The job's traffic class is in
+the ranks' environment (`agents.traffic`; the workload's own env wins).
 
 Names: Kubernetes wants lower-case DNS labels of at most 63 characters, and job ids may hold capitals,
 dots and underscores. A job's name part is its id in lower case with the rest turned to dashes, cut to
@@ -28,6 +29,8 @@ from controlplane.events.schema import to_plain
 from .. import contract
 from ..core import Launch
 from ..plan_config import PlanError, torchrun_args, torchrun_env
+from ..traffic import DEFAULT as DEFAULT_TRAFFIC_CLASSES
+from ..traffic import TrafficClasses, traffic_env
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "rubick"
@@ -83,6 +86,8 @@ class PodSettings:
     """Added to every run file (the example trainer's size, seed, ...)."""
     termination_grace_s: int = 60
     """How long a deleted pod's ranks get to checkpoint after SIGTERM."""
+    traffic_classes: TrafficClasses | None = DEFAULT_TRAFFIC_CLASSES
+    """What a job's traffic class sets in its ranks' environment (`agents.traffic`; None: nothing)."""
 
 
 def _hash(text: str, n: int = 8) -> str:
@@ -206,9 +211,9 @@ def pod_manifest(a: Launch, node: str, settings: PodSettings) -> dict[str, Any]:
                               a.job.global_batch_size, a.job.target_iterations, settings.nats_url, CONTRACT_DIR,
                               **settings.run_extra)
     ds = contract.deepspeed_file_content(run)  # PlanError when the plan has none
-    env: dict[str, str] = {}
+    env: dict[str, str] = traffic_env(settings.traffic_classes, a.traffic_class)
     if workload is not None:
-        env.update(workload.env)
+        env.update(workload.env)  # the workload's own values win over the traffic class's
     env.update(torchrun_env(a.allocation))
     env["OMP_NUM_THREADS"] = str(max(1, (share.cpus or 1) // max(1, share.gpus)))
     env.update(contract.contract_env(run, files, 0))  # pods live on without their agent: no lease

@@ -9,7 +9,8 @@ say which subjects it may publish and which it may subscribe to, in NATS's own t
 - a node agent publishes only its own node's subjects (`job.started.<node>`, `node.heartbeat.<node>`,
   ...; the node id is the subject's last part) and a training process on the node (the reporter) only
   `metrics.iteration.<node>`;
-- only the policy publishes `plan.decided` and `plan.pending`, only the modeler `model.updated`, only the clock
+- only the policy publishes `plan.decided`, `plan.pending` and `network.decided` (the network
+  scheduler publishes with the policy's identity), only the modeler `model.updated`, only the clock
   `clock.tick`; admission answers bad messages on the `*.rejected` subjects (and so may the modeler's
   and the policy's shells, for a message their core fails on); admission, the modeler and the policy
   describe their cores on `run.described`;
@@ -40,7 +41,7 @@ _DURABLE = {"recorder": "recorder", "admission": "svc-admission", "modeler": "sv
             "policy": "svc-policy"}
 _SERVICE_LEASE = {"recorder", "admission", "clock", "modeler", "policy"}
 _REJECTIONS = ("job.rejected", "node.rejected", "metrics.rejected", "model.rejected", "plan.rejected",
-               "clock.rejected", "run.rejected", "quota.rejected")
+               "clock.rejected", "run.rejected", "quota.rejected", "network.rejected")
 """A service's shell answers a message its core failed on with `<namespace>.rejected` (controlplane.service)."""
 
 
@@ -100,7 +101,8 @@ def publish_subjects(identity: Identity) -> list[str]:
     if role == "modeler":
         return ["model.updated", *_REJECTIONS, *RUN_SUBJECTS]
     if role == "policy":
-        return ["plan.decided", "plan.decided.>", "plan.pending", "node.lost", *_REJECTIONS, *RUN_SUBJECTS]
+        return ["plan.decided", "plan.decided.>", "network.decided", "network.decided.>", "plan.pending", "node.lost",
+                *_REJECTIONS, *RUN_SUBJECTS]
     return []  # recorder
 
 
