@@ -13,17 +13,22 @@ saturated link, so no flow could go faster without another going slower):
   their bottleneck time Gamma = max over links of (bytes left on the link / its capacity), smallest
   first; each in turn gets, from what the ones before it left, the rates that make all its flows
   finish together at its smallest possible time (MADD); what is left is shared max-min (back-fill);
-- `echelonflow`: the EchelonFlow adaptation (echelonflow-proofs.txt, Property 4). The smallest
-  tardiness T_H an EchelonFlow can reach is the least T with, on every link l it crosses,
-  sum over its active flows j on l of b_j / (d_j + T - now) <= capacity of l (each flow finishing at
-  d_j + T at a constant rate). EchelonFlows are ranked, smallest first, by the part of T_H still to
-  be decided: T_H - max(0, now - min_j d_j, I_H), where I_H is the tardiness its finished flows already
-  locked in (Eq. S2 takes the maximum, so finishing within it costs nothing) -- for a Coflow this is
-  exactly SEBF's Gamma, so on Coflows the two orders agree -- divided by the EchelonFlow's weight.
-  Each in turn gets, from what the ones before it left, rate b_j / (d_j + max(T_H, I_H, 0) - now) for
-  its flow j: never faster than its ideal time, or than the tardiness it already has, needs (a flow
-  with slack lands just in time and leaves the rest to others); what is left is shared max-min
-  (back-fill);
+- `echelonflow`: the EchelonFlow adaptation (echelonflow-proofs.txt, Property 4).
+  Ranking. The load an EchelonFlow puts on the network is measured by T_H, the least T with, on every
+  link l it crosses, sum over its active flows j on l of b_j / (d_j + T - now) <= capacity of l (each
+  flow finishing at d_j + T at one constant rate). EchelonFlows are ranked, smallest first, by the part
+  of it still to be decided: T_H - max(0, now - min_j d_j, I_H), where I_H is the tardiness its
+  finished flows already locked in (Eq. S2 takes the maximum, so finishing within it costs nothing);
+  for a Coflow this is exactly SEBF's Gamma, so on Coflows the two orders agree. A key is divided by
+  the EchelonFlow's weight (multiplied, when negative: a heavier one always comes first).
+  Rates. Each in turn, from what the ones before it left, aims at T = max(T*, I_H, 0), T* the least
+  tardiness of serving its flows earliest ideal finish first (Jackson's rule, optimal for the largest
+  lateness on one link): on every link, max_k (sum_{j <= k} b_j / c_l - (d_k - now)). It reserves on
+  each link the least constant rate that lands every flow by d_j + T in that order,
+  R_l = max_k sum_{j <= k} b_j / (d_k + T - now), and its flows take it earliest ideal finish first
+  (flows of one ideal time together at rates that finish them together: MADD). So it never goes
+  faster than its ideal times, or the tardiness it already has, need: a flow with slack lands just in
+  time and leaves the rest of the link to others. What is left is shared max-min (back-fill);
 - `classes`: strict priority between traffic classes (0 first), max-min fair inside a class: what a
   fabric with per-class priority queues does with the classes `network.decided` gives the jobs.
 """
