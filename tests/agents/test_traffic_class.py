@@ -26,7 +26,7 @@ from controlplane.events import (Decision, JobSubmitted, ModelRef, NodeRegistere
 from controlplane.events.payloads import JobNetwork, NetworkDecided
 from controlplane.events.workload import Workload
 
-from .kube.emulator import ApiServer, node_object
+from .kube.conftest import server  # noqa: F401  (kmock's emulated API server, nodes n0 and n1)
 from .kube.helpers import WORKLOAD, Driver, Kubelet, decision as kube_decision, launcher as kube_launcher, registered
 from .kube.helpers import settings as kube_settings
 from .kube.helpers import submitted as kube_submitted
@@ -237,17 +237,6 @@ def test_the_local_launcher_puts_the_class_in_the_training_processes_environment
 
 
 # --- the Kubernetes launcher: kmock's emulated API server ----------------------------------------
-
-@pytest.fixture
-def server():
-    import kubernetes
-    s = ApiServer()
-    v1 = kubernetes.client.CoreV1Api(s.api())
-    for node in ("n0", "n1"):
-        v1.create_node(node_object(node), _preload_content=False)
-    yield s
-    s.close()
-
 
 def _pod_env(kubelet: Kubelet, job_id: str) -> dict[str, str]:
     (pod,) = [p for p in kubelet.pods().values() if p["metadata"]["annotations"].get(m.JOB_ID_ANN) == job_id]
