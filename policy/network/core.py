@@ -64,6 +64,9 @@ class NetworkCore:
     errors: dict[str, str] = field(default_factory=dict)
     """job -> why its flows could not be built (it is left out of the decision)"""
     _timing: dict[tuple, object] = field(default_factory=dict)
+    _patterns: dict[tuple, Pattern | None] = field(default_factory=dict)
+    _keys: dict[tuple, tuple] = field(default_factory=dict)
+    """classify's per-job keys, by job and placement (`decide.classify` `cache`); cleared with the patterns"""
 
     def __post_init__(self) -> None:
         if self.mode not in NETWORK_MODES:
@@ -79,6 +82,7 @@ class NetworkCore:
         if base == "node.registered":
             if x.node not in self.nodes:
                 self.nodes.append(x.node)
+                self._forget()  # the network changed: the keys are worked out again
             return []
         if base == "node.lost":
             return []  # the policy's decisions that follow take its jobs away
@@ -87,7 +91,7 @@ class NetworkCore:
                 self.params[x.model_type] = PerfParams.from_dict(dict(x.params))
             except ValueError:
                 return []
-            self._timing.clear()
+            self._forget()
             return self._decide(event) if any(p.model == x.model_type for p in self.placed.values()) else []
         if base == "plan.decided":
             changed = False
@@ -109,6 +113,11 @@ class NetworkCore:
         return Network.hose(names, self.env.b_inter, rack_size=self.rack_size,
                             oversubscription=self.oversubscription)
 
+    def _forget(self) -> None:
+        self._timing.clear()
+        self._patterns.clear()
+        self._keys.clear()
+
     def patterns(self) -> list[Pattern]:
         out = []
         for job_id in sorted(self.placed):
@@ -119,21 +128,27 @@ class NetworkCore:
                 continue
             place = [(s.node, s.gpus) for s in p.allocation if s.gpus > 0]
             key = (p.model, p.plan, tuple(g for _, g in place), p.batch)
+            whole = (job_id, *key, tuple(place))
             try:
-                tm = self._timing.get(key)
-                if tm is None:
-                    tm = self._timing[key] = timing(model, self.env, params, p.plan, key[2], p.batch)
-                pat = iteration_pattern(job_id, p.plan, place, model, tm, p.batch)
+                if whole not in self._patterns:
+                    tm = self._timing.get(key)
+                    if tm is None:
+                        tm = self._timing[key] = timing(model, self.env, params, p.plan, key[2], p.batch)
+                    self._patterns[whole] = iteration_pattern(job_id, p.plan, place, model, tm, p.batch)
+                pat = self._patterns[whole]
             except (NetworkError, ValueError) as exc:
                 self.errors[job_id] = str(exc)
                 continue
             self.errors.pop(job_id, None)
             if pat is not None:
                 out.append(pat)
+        if len(self._patterns) > 4 * max(len(self.placed), 256):
+            self._patterns.clear()
+            self._keys.clear()
         return out
 
     def _decide(self, event: Event) -> list[Event]:
-        rows = classify(self.mode, self.network(), self.patterns(), self.classes) if self.placed else []
+        rows = classify(self.mode, self.network(), self.patterns(), self.classes, cache=self._keys) if self.placed else []
         now = {r.job: r for r in rows}
         decisions = tuple(JobNetwork(r.job, r.traffic_class, r.rank, r.bytes_per_iteration, r.tardiness_s)
                           for r in rows if self.published.get(r.job) != (r.traffic_class, r.rank))

@@ -49,14 +49,21 @@ def job_key(network: Network, pattern: Pattern, coflow: bool) -> float:
     return total
 
 
-def classify(mode: str, network: Network, patterns: Sequence[Pattern], classes: int) -> list[JobClass]:
-    """Class and rank of every job (in rank order)."""
+def classify(mode: str, network: Network, patterns: Sequence[Pattern], classes: int, *,
+             cache: dict | None = None) -> list[JobClass]:
+    """Class and rank of every job (in rank order). `cache`: a dict kept by the caller between calls on the
+    same network, holding each pattern's bytes and key (patterns are immutable: the same pattern object, the
+    same key)."""
     if classes < 1:
         raise ValueError("a fabric offers at least one traffic class")
     rows = []
     for p in patterns:
-        sent = float(sum(t.size for t in p.flows))
-        key = job_key(network, p, coflow=(mode == "coflow"))
+        hit = None if cache is None else cache.get((mode, id(p)))
+        if hit is None or hit[0] is not p:
+            hit = (p, float(sum(t.size for t in p.flows)), job_key(network, p, coflow=(mode == "coflow")))
+            if cache is not None:
+                cache[(mode, id(p))] = hit
+        _, sent, key = hit
         rows.append((0.0 if mode == "fair" else key / p.weight, p.job, sent, key))
     rows.sort()
     n = len(rows)

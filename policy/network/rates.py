@@ -72,6 +72,8 @@ def allocate(mode: str, active: Active, now: float) -> np.ndarray:
         return np.zeros(0)
     residual = np.append(np.asarray(active.capacity, dtype=np.float64), math.inf)
     rates = np.zeros(n)
+    if n <= SMALL:
+        return _allocate_small(mode, active, now, residual, rates)
     if mode == "fair":
         return maxmin(residual, active.paths, np.ones(n, dtype=bool), rates, active.capacity)
     if mode == "classes":
@@ -252,6 +254,50 @@ def maxmin(residual: np.ndarray, paths: np.ndarray, mask: np.ndarray, rates: np.
         growing &= ~full[paths].any(axis=1)
     np.maximum(residual, 0.0, out=residual)
     return rates
+
+
+SMALL = 64
+"""Up to this many flows, max-min runs on Python lists (numpy's per-call cost dominates small sets)."""
+
+
+def _allocate_small(mode: str, active: Active, now: float, residual: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    L = len(residual) - 1
+    rows = [tuple(link for link in row if link != L) for row in active.paths.tolist()]
+    cap0 = np.asarray(active.capacity, dtype=np.float64).tolist()
+    n = len(rows)
+    if mode in ("coflow", "echelonflow"):
+        _priority(active, now, mode == "coflow", residual, rates)
+    res, out = residual[:L].tolist(), rates.tolist()
+    if mode == "classes":
+        klass = [0] * n if active.klass is None else np.asarray(active.klass).tolist()
+        for c in sorted(set(klass)):
+            _maxmin_small(res, rows, [i for i in range(n) if klass[i] == c], out, cap0)
+    _maxmin_small(res, rows, range(n), out, cap0)  # fair sharing, or the back-fill
+    return np.asarray(out)
+
+
+def _maxmin_small(res: list[float], rows: list[tuple[int, ...]], members, rates: list[float],
+                  cap0: list[float]) -> None:
+    """`maxmin` on Python lists (the same steps, the same ties)."""
+    growing = [i for i in members if all(res[link] > EPS * cap0[link] for link in rows[i])]
+    while growing:
+        count: dict[int, int] = {}
+        for i in growing:
+            for link in rows[i]:
+                count[link] = count.get(link, 0) + 1
+        inc, bottleneck = min((res[link] / c, link) for link, c in count.items())
+        for i in growing:
+            rates[i] += inc
+        full = set()
+        for link, c in count.items():
+            res[link] -= c * inc
+            if res[link] <= EPS * cap0[link] or link == bottleneck:
+                res[link] = 0.0
+                full.add(link)
+        growing = [i for i in growing if not any(link in full for link in rows[i])]
+    for link, v in enumerate(res):
+        if v < 0:
+            res[link] = 0.0
 
 
 def _backfill(residual: np.ndarray, active: Active, rates: np.ndarray) -> np.ndarray:
