@@ -24,7 +24,10 @@ A deployment of separate `rubick service ...` processes writes no run.json: ther
 modeler and policy services publish their part of the description on the bus (`run.described`, see
 `description_event`) each time one of their replicas becomes active, and the recorder keeps it in the
 log. Without run.json, `run_from_log` rebuilds the record from those events (each core from its own
-service's last description), so such a deployment replays from its log alone.
+service's last description), so such a deployment replays from its log alone. The policy service may run
+the network scheduler beside the policy (`rubick service policy --network MODE`): its description then
+names the network (`network`, `network_classes`, `rack_size`, `oversubscription`), and the network core
+is rebuilt and checked with the policy's.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any, Mapping
 from controlplane.events import Event, Invalid, NodeRegistered, decode, make, to_plain
 from controlplane.events.payloads import ModelDescription, RunDescribed
 
-from .config import RUN_FILE, Parts, PolicyFactory, RunConfig, control_cores, load_parts, node_events
+from .config import NETWORK_KEYS, RUN_FILE, Parts, PolicyFactory, RunConfig, control_cores, load_parts, node_events
 
 KIND = "live"
 FORMAT = 1
@@ -165,6 +168,10 @@ DESCRIBED_SERVICES = ("admission", "modeler", "policy")
 DESCRIBED_SETTINGS = ("policy", "cluster", "oracle", "restart_cost_s", "quotas", "batch_s", "hold_s",
                       "refit_min_gain")
 """The `RunConfig` fields a description carries (the rest only matter to simulated runs)."""
+NETWORK_SERVICE = "policy"
+"""The service whose active replica runs the network scheduler beside its core (`--network`); its description
+carries the `RunConfig`'s `NETWORK_KEYS`."""
+NETWORK_CORE = "network"
 
 
 def describe(service: str, cfg: RunConfig, parts: Parts) -> RunDescribed:
@@ -174,6 +181,8 @@ def describe(service: str, cfg: RunConfig, parts: Parts) -> RunDescribed:
                    for _, m in sorted(parts.models.items()))
     params = {k: {n: float(x) for n, x in sorted(v.items())} for k, v in sorted(parts.params.items())}
     settings = {k: getattr(cfg, k) for k in DESCRIBED_SETTINGS}
+    if service == NETWORK_SERVICE and cfg.network != "none":
+        settings.update({k: getattr(cfg, k) for k in NETWORK_KEYS})
     if settings["quotas"] is not None:
         settings["quotas"] = dict(sorted(settings["quotas"].items()))
     return RunDescribed(service=service, models=models, params=params, **settings)
@@ -183,15 +192,24 @@ def description_event(description: RunDescribed, t: float) -> Event:
     """`run.described` at wall time `t`. Its id is a digest of the description, so replicas that
     describe the same core store it once (within the stream's de-duplication window); its source is
     the service's shell (`service-<name>`), never the core's name, as it is no answer of the core."""
-    digest = hashlib.sha256(json.dumps(to_plain(description), sort_keys=True).encode()).hexdigest()[:16]
+    plain = to_plain(description)
+    if description.network == "none":  # the same id as before descriptions could name a network
+        plain = {k: v for k, v in plain.items() if k not in NETWORK_KEYS}
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
     return make(DESCRIBED, description, time=t, id=f"run-{description.service}-{digest}",
                 source=f"service-{description.service}")
 
 
 def _service_record(d: RunDescribed) -> dict[str, Any]:
     plain = to_plain(d)
-    return {"config": {k: plain[k] for k in DESCRIBED_SETTINGS}, "params": plain["params"],
-            "models": plain["models"]}
+    config = {k: plain[k] for k in DESCRIBED_SETTINGS}
+    if d.network != "none":  # a description without a network is recorded as before the network existed
+        config.update({k: plain[k] for k in NETWORK_KEYS})
+    return {"config": config, "params": plain["params"], "models": plain["models"]}
+
+
+def _network_runs(record: Mapping[str, Any] | None) -> bool:
+    return record is not None and record["config"].get("network", "none") != "none"
 
 
 def run_from_log(log_dir: Path) -> dict[str, Any] | None:
@@ -230,6 +248,8 @@ def run_from_log(log_dir: Path) -> dict[str, Any] | None:
         "params": main["params"], "services": {n: last[n] for n in DESCRIBED_SERVICES if n in last},
         "sources": {n: [n] for n in DESCRIBED_SERVICES if n in last},
         "stream": tokens[0] if len(tokens) == 1 else "", "files": []}
+    if _network_runs(last.get(NETWORK_SERVICE)):
+        run["sources"][NETWORK_CORE] = [NETWORK_CORE]
     if history:
         run["earlier_configs"] = history
         run["starts"] = sum(1 for e in found if e.payload.service == next(iter(run["services"])))
@@ -249,7 +269,8 @@ def _models(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def rebuilt_cores(run: Mapping[str, Any], policy_factory: PolicyFactory | None = None) -> list[Any]:
     """The cores a run record names, rebuilt as they started: from run.json's one configuration, or
-    (a record from the log's descriptions) each from its own service's description."""
+    (a record from the log's descriptions) each from its own service's description; the network core
+    from the policy's, where the policy service ran one."""
     services = run.get("services")
     if not services:
         return control_cores(RunConfig.from_json(run["config"]), load_parts(params=run["params"]), policy_factory)
@@ -264,4 +285,6 @@ def rebuilt_cores(run: Mapping[str, Any], policy_factory: PolicyFactory | None =
             parts = load_parts(params=record["params"], models=_models(record["models"]))
             built[key] = control_cores(RunConfig.from_json(record["config"]), parts, policy_factory)
         out.append(next(c for c in built[key] if c.name == name))
+        if name == NETWORK_SERVICE and _network_runs(record):
+            out.append(next(c for c in built[key] if c.name == NETWORK_CORE))
     return out

@@ -18,8 +18,10 @@ say which subjects it may publish and which it may subscribe to, in NATS's own t
 - only the bootstrap identity (`admin`) creates or changes streams and key-value buckets.
 
 Every role may read the stream (JetStream consumers deliver to the reader's own inbox,
-`_INBOX.<key>.>`, which no other identity may subscribe to) and work its own durable consumer; no
-role but `admin` may create, change, purge or delete a stream, or delete another role's consumer.
+`_INBOX.<key>.>`, which no other identity may subscribe to) and work its own durable consumers (the
+policy's two: `svc-policy`, and `svc-network` for the network scheduler its service runs beside the
+policy); no role but `admin` may create, change, purge or delete a stream, or delete another role's
+consumer.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ LEASE_BUCKET = "rubick-leases"
 RUN_SUBJECTS = ("run.described",)
 """Subjects of the run description (published by admission, the modeler and the policy when active)."""
 
-_DURABLE = {"recorder": "recorder", "admission": "svc-admission", "modeler": "svc-modeler",
-            "policy": "svc-policy"}
+_DURABLES = {"recorder": ("recorder",), "admission": ("svc-admission",), "modeler": ("svc-modeler",),
+             "policy": ("svc-policy", "svc-network")}
+"""The durable consumers each service role works: the policy service's active replica also runs the network
+scheduler (`rubick service policy --network`), whose shell has its own consumer."""
 _SERVICE_LEASE = {"recorder", "admission", "clock", "modeler", "policy"}
 _REJECTIONS = ("job.rejected", "node.rejected", "metrics.rejected", "model.rejected", "plan.rejected",
                "clock.rejected", "run.rejected", "quota.rejected", "network.rejected")
@@ -71,10 +75,16 @@ class Identity:
 
     @property
     def durable(self) -> str | None:
-        """The durable consumer this identity works (creates, reads, acknowledges, deletes)."""
+        """The (first) durable consumer this identity works (creates, reads, acknowledges, deletes)."""
+        durables = self.durables
+        return durables[0] if durables else None
+
+    @property
+    def durables(self) -> tuple[str, ...]:
+        """Every durable consumer this identity works: one per role, two for the policy."""
         if self.role == "agent":
-            return f"agent-{self.node}"
-        return _DURABLE.get(self.role)
+            return (f"agent-{self.node}",)
+        return _DURABLES.get(self.role, ())
 
 
 def inbox_prefix(public_key: str) -> str:
@@ -117,8 +127,7 @@ def permissions(identity: Identity, public_key: str, *, stream: str = STREAM_NAM
         f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.CREATE.{stream}.*", f"{api}.CONSUMER.CREATE.{stream}.*.>",
         f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
     ]
-    durable = identity.durable
-    if durable is not None:
+    for durable in identity.durables:
         pub += [f"{api}.CONSUMER.DURABLE.CREATE.{stream}.{durable}", f"{api}.CONSUMER.DELETE.{stream}.{durable}",
                 f"$JS.ACK.{stream}.{durable}.>"]
     if identity.role in _SERVICE_LEASE:

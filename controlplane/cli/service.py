@@ -5,6 +5,11 @@ Any number of replicas of a service may run: one is active (it holds the service
 active one dies (at once when it stops cleanly). The active replica of the admission, modeler and policy
 services first publishes the description of its core (`run.described`, `replay.live`), so the
 deployment replays from its log alone.
+
+`rubick service policy --network MODE` also runs the network scheduler (`policy.network`, docs/network.md)
+in the policy's active replica: a second shell beside the policy's, under the same lease (a take-over
+moves both), with its own durable consumer (`svc-network`); the policy's description names the network,
+so replay rebuilds and checks the network core too. The two shells start and stop together.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..bus.nats import JetStreamBus
 from ..events import encode
@@ -29,6 +35,8 @@ from .common import add_nats_args, credentials_for, run_against_nats
 from ..bus.nats import redact_url, until_made
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
+NETWORK_MODES = ("none", "fair", "coflow", "echelonflow")
+"""`--network`: as `rubick up --network` (replay.config.NETWORK_MODES)."""
 
 
 def register(sub) -> None:
@@ -42,6 +50,11 @@ def register(sub) -> None:
     p.add_argument("--policy", default="rubick", help="policy: the scheduling policy (rubick, sia, ...)")
     p.add_argument("--restart-cost", type=float, default=78.0, help="policy: seconds per reconfiguration")
     p.add_argument("--quotas", type=Path, help="policy: YAML or JSON mapping tenant -> guaranteed GPUs")
+    p.add_argument("--network", choices=NETWORK_MODES, default="none",
+                   help="policy: also run the network scheduler, which publishes network.decided (traffic classes "
+                        "the agents pass to NCCL; docs/network.md); none (default) runs none")
+    p.add_argument("--network-classes", type=int, default=4, choices=range(1, 9), metavar="1-8",
+                   help="policy: traffic classes the fabric offers the network scheduler (default 4)")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port (-1 = off)")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address /metrics listens on (0.0.0.0 in a pod, for Prometheus to reach it)")
@@ -68,6 +81,10 @@ def read_quotas(path: Path | None) -> dict[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.name != "policy" and (args.network != "none" or args.network_classes != 4):
+        print(f"rubick service {args.name}: --network and --network-classes are the policy service's "
+              "(the network scheduler runs beside the policy)", file=sys.stderr)
+        return 2
     return run_against_nats(args, _run)
 
 
@@ -115,24 +132,29 @@ async def _bootstrapped(bus: JetStreamBus, name: str, stop: asyncio.Event):
 class _Term:
     """What the active replica of a service runs. A core is built before the replica becomes active
     (a take-over does not wait for it) and used for one term only: its state is rebuilt from the
-    stream at the start of each term."""
+    stream at the start of each term. The policy's term may run the network core beside it (`--network`):
+    both are built together, run side by side under the same lease, and stop together."""
 
     def __init__(self, args: argparse.Namespace, url: str, bus: JetStreamBus) -> None:
         self.args, self.url, self.bus = args, url, bus
         self.name: str = args.name
-        self.next: tuple[Any, Any] | None = None
+        self.next: tuple[list[Any], Any] | None = None
 
-    def _build(self) -> tuple[Any, Any]:
-        """(core, description) of the admission, modeler or policy service, as `rubick up` builds them."""
+    def _build(self) -> tuple[list[Any], Any]:
+        """([core, ...], description) of the admission, modeler or policy service, as `rubick up` builds
+        them: the service's core, and for the policy with `--network` the network core after it."""
         from replay.config import default_cache_dir
-        from replay.live import deployment, describe
+        from replay.live import NETWORK_CORE, deployment, describe
 
         from ..runtime import UpConfig, deployment_config
 
+        network = self.args.network if self.name == "policy" else "none"
         cfg = deployment_config(UpConfig(policy=self.args.policy, restart_cost_s=self.args.restart_cost,
-                                         quotas=read_quotas(self.args.quotas)))
+                                         quotas=read_quotas(self.args.quotas), network=network,
+                                         network_classes=self.args.network_classes))
         parts, cores = deployment(cfg, cache_dir=default_cache_dir())
-        return next(c for c in cores if c.name == self.name), describe(self.name, cfg, parts)
+        names = (self.name, NETWORK_CORE) if network != "none" else (self.name,)
+        return [next(c for c in cores if c.name == n) for n in names], describe(self.name, cfg, parts)
 
     async def prepare(self) -> None:
         if self.name in ("admission", "modeler", "policy") and self.next is None:
@@ -144,26 +166,64 @@ class _Term:
         if args.name == "recorder":
             cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
             recorder = LeasedRecorder(bus, cfg, stream_token(await self.bus.stream_created()), lease)
-            await self._until_ready(recorder.run(stop), recorder.ready, f"recorder ready: {redact_url(url)} -> {args.log_dir}")
+            await self._until_ready(recorder.run(stop), [recorder.ready], f"recorder ready: {redact_url(url)} -> {args.log_dir}")
         elif args.name == "clock":
             print(f"clock ready: {redact_url(url)}, a tick every {args.tick_period:g} s", flush=True)
             await run_ticker(bus, args.tick_period, stop)
         else:
             await self.prepare()
-            (core, description), self.next = self.next, None
+            (cores, description), self.next = self.next, None
             from replay.live import description_event
 
             event = description_event(description, time.time())
             await bus.publish(event.subject, encode(event), event.id)
-            shell = LeasedShell(core, bus, rejects=args.name == "admission", lease=lease)
-            await self._until_ready(shell.run(stop), shell.ready, f"{args.name} ready: {redact_url(url)}")
+            shells = [LeasedShell(core, bus, rejects=args.name == "admission", lease=lease) for core in cores]
+            line = f"{args.name} ready: {redact_url(url)}"
+            if len(shells) > 1:
+                line += f", with the network scheduler ({args.network}, {args.network_classes} traffic classes)"
+            work = shells[0].run(stop) if len(shells) == 1 else together([s.run for s in shells], stop)
+            await self._until_ready(work, [s.ready for s in shells], line)
 
     @staticmethod
-    async def _until_ready(work, ready: asyncio.Event, line: str) -> None:
+    async def _until_ready(work, ready: list[asyncio.Event], line: str) -> None:
+        """Run `work`, saying `line` once every one of `ready` is set (not at all if it ends first)."""
         task = asyncio.create_task(work)
-        waiter = asyncio.create_task(ready.wait())
+        waiter = asyncio.create_task(all_set(ready))
         await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
-        if ready.is_set():
+        if all(r.is_set() for r in ready):
             print(line, flush=True)
         await task
+
+
+async def all_set(events: list[asyncio.Event]) -> None:
+    """Until every one of `events` is set."""
+    for e in events:
+        await e.wait()
+
+
+async def together(runs: list[Callable[[asyncio.Event], Awaitable[None]]], stop: asyncio.Event) -> None:
+    """Run `run(inner_stop)` for each of `runs` side by side, and stop them together: when `stop` is set, or
+    as soon as one of them ends (returns or raises), the others are told to stop and awaited. The first
+    failure (in the order they ended) is raised once all have ended, so a lease lost in one ends the term of
+    all."""
+    inner = asyncio.Event()
+    ended: list[asyncio.Task] = []
+    tasks = [asyncio.create_task(run(inner)) for run in runs]
+    for t in tasks:
+        t.add_done_callback(ended.append)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        inner.set()
+        await asyncio.wait(tasks)
+    finally:
+        inner.set()
+        stopper.cancel()
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(stopper, *tasks, return_exceptions=True)
+    for t in ended:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()

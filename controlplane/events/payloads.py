@@ -473,7 +473,9 @@ class ModelDescription:
 class RunDescribed:
     """What a replay needs to rebuild a control-plane service's core: its settings, the model specs and
     the performance-model parameters it starts from. Published by the admission, modeler and policy
-    services each time one of their replicas becomes active, so a deployment replays from its log alone."""
+    services each time one of their replicas becomes active, so a deployment replays from its log alone.
+    The policy's also names the network scheduler its service runs (`network`; none in descriptions
+    recorded before it existed)."""
 
     service: str = spec("the service that describes itself", choices=("admission", "modeler", "policy"),
                         example="policy")
@@ -495,3 +497,12 @@ class RunDescribed:
                                          default=None, example={"team-a": 16})
     hold_s: float | None = spec("how long a job is held on its configuration; nil: twice the restart cost",
                                 unit="s", ge=0, le=10**7, default=None, example=None)
+    network: str = spec("the network scheduler the policy service runs beside the policy (docs/network.md); "
+                        "none: no network scheduler", choices=("none", *NETWORK_MODES), default="none",
+                        example="echelonflow")
+    network_classes: int = spec("traffic classes the network scheduler's fabric offers", ge=1,
+                                le=MAX_TRAFFIC_CLASSES, default=4, example=4)
+    rack_size: int = spec("nodes per rack behind the core the network scheduler assumes; 0: one non-blocking "
+                          "tier", ge=0, le=10**6, default=0, example=0)
+    oversubscription: float = spec("rack uplink capacity = the rack's NIC capacity / this", ge=1, le=10**6,
+                                   default=1.0, example=1.0)

@@ -57,7 +57,8 @@ PAYLOADS = {
         models=(ModelDescription(spec=ModelSpec(name="gpt2", num_params=1_557_686_400, num_layers=48, hidden_size=1600,
                                                 num_heads=25, seq_len=1024, global_batch_size=32, fwd_time_s=0.21),
                                  vocab_size=50257, b_pcie_gbps=0.96),),
-        params={"gpt2": {"k_bwd": 2.0, "k_const": 0.005}}, quotas={"team-a": 16}),
+        params={"gpt2": {"k_bwd": 2.0, "k_const": 0.005}}, quotas={"team-a": 16}, network="echelonflow",
+        network_classes=4),
 }
 
 NEW_SPEC = ModelSpec(name="my-gpt", num_params=354_823_168, num_layers=24, hidden_size=1024, num_heads=16,
