@@ -35,8 +35,13 @@ async def test_the_recorder_lists_every_file_it_writes(recorded):
     log_dir, stream = recorded
     files = sorted(p.name for p in log_dir.glob("events-*.parquet"))
     entries = _lines(log_dir, stream)
-    assert [e["name"] for e in entries] == files and len(files) == 3
-    assert [(e["first_seq"], e["last_seq"], e["rows"]) for e in entries] == [(1, 10, 10), (11, 20, 10), (21, 30, 10)]
+    assert [e["name"] for e in entries] == files
+    # three files of 10 rows; a fetch again after messages lost in flight (a loaded machine) writes what came
+    # before first, so a file may be shorter: the files still cover 1..30 in order, none over 10 rows
+    spans = [(e["first_seq"], e["last_seq"], e["rows"]) for e in entries]
+    assert spans[0][0] == 1 and spans[-1][1] == 30 and len(spans) >= 3
+    assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:]))
+    assert all(rows == last - first + 1 <= 10 for first, last, rows in spans)
     assert all(e["bytes"] == (log_dir / e["name"]).stat().st_size for e in entries)
     assert check(log_dir) == []
 
