@@ -22,7 +22,7 @@ from agents.traffic import (DEFAULT, SL_ENV, TC_ENV, Marking, TrafficClasses, Tr
                             traffic_env)
 from controlplane.auth import Identity, may_publish
 from controlplane.events import (Decision, JobSubmitted, ModelRef, NodeRegistered, NodeShare, Plan, PlanDecided,
-                                 Resources, make)
+                                 Resources)
 from controlplane.events.payloads import JobNetwork, NetworkDecided
 from controlplane.events.workload import Workload
 
@@ -31,13 +31,9 @@ from .kube.helpers import WORKLOAD, Driver, Kubelet, decision as kube_decision, 
 from .kube.helpers import settings as kube_settings
 from .kube.helpers import submitted as kube_submitted
 
+from .test_core import DP2, OFF, ev
+
 NODE = NodeCapacity(node="n0", gpus=4, cpus=8, mem_gb=32.0, cpu_devices=True)
-DP2 = Plan(dp=2, zero_stage=2)
-OFF = Plan(dp=1, zero_stage=2, offload=True, ga_steps=2)
-
-
-def ev(subject, payload, t=1.0, id=None):
-    return make(subject, payload, time=t, id=id or f"{subject}-{t}", source="test")
 
 
 def network(*classes: tuple[str, int], cleared: tuple[str, ...] = (), round: int = 1, t: float = 1.5):
