@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane.events import Plan  # noqa: E402
+from controlplane.events.payloads import NETWORK_SETTINGS  # noqa: E402
 from modeler.perf_model import PerfParams  # noqa: E402
 from policy.network.decide import classify  # noqa: E402
 from policy.network.echelon import fsdp_offsets  # noqa: E402
@@ -196,7 +197,7 @@ def bench_trace(args, parts):
     print("\n== Base trace (workload-base.csv, 8x8, rubick) with --network")
     jobs = read_trace(ROOT / "data" / "rubick-artifact" / "workload-base.csv", parts.batches).jobs
     base = None
-    for net in ("none", "fair", "coflow", "echelonflow"):
+    for net in NETWORK_SETTINGS:
         cfg = RunConfig(policy="rubick", cluster="8x8", network=net)
         walls = []
         for _ in range(args.trace_runs):

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controlplane.cli.common import fail
+from controlplane.events.payloads import NETWORK_SETTINGS
 
 from .progress import add_flag as add_progress_flag, enabled as progress_enabled
 
@@ -59,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a bad trace line refuses the file (default) or is skipped and counted")
     p.add_argument("--max-time-h", type=float, default=720.0, help="stop the simulation at this virtual hour")
     p.add_argument("--no-fit-cache", action="store_true", help="fit the model parameters again, do not cache them")
-    p.add_argument("--network", choices=("none", "fair", "coflow", "echelonflow"), default="none",
+    p.add_argument("--network", choices=NETWORK_SETTINGS, default="none",
                    help="simulate the network between nodes and schedule the jobs' flows (docs/network.md): none "
                         "(default: jobs never slow each other down), fair sharing, Coflow or EchelonFlow classes")
     p.add_argument("--network-classes", type=int, default=4, help="traffic classes the fabric offers (1-8, default 4)")

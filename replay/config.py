@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from controlplane.admission import AdmissionCore
 from controlplane.events import Event, NodeRegistered, make
+from controlplane.events.payloads import NETWORK_SETTINGS
 from modeler.env import DEFAULT_ENV_FILE, Environment, load_env
 from modeler.fit import FitError, fit
 from modeler.configs import ConfigError
@@ -204,15 +205,14 @@ def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_di
 
 PolicyFactory = Callable[[RunConfig, Parts], Any]
 NETWORK_KEYS = ("network", "network_classes", "rack_size", "oversubscription")
-NETWORK_MODES = ("none", "fair", "coflow", "echelonflow")
 
 
 def network_core(cfg: RunConfig, parts: Parts) -> Any:
     """The network scheduler's core for a run with a network (None for `none`)."""
     if cfg.network == "none":
         return None
-    if cfg.network not in NETWORK_MODES:
-        raise ValueError(f"unknown network mode {cfg.network!r}; expected one of {', '.join(NETWORK_MODES)}")
+    if cfg.network not in NETWORK_SETTINGS:
+        raise ValueError(f"unknown network mode {cfg.network!r}; expected one of {', '.join(NETWORK_SETTINGS)}")
     from policy.network.core import NetworkCore
 
     return NetworkCore(cfg.network, dict(parts.models), parts.env,

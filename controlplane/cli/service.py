@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from ..bus.nats import JetStreamBus
 from ..events import encode
+from ..events.payloads import NETWORK_SETTINGS
 from ..lease import (DEFAULT_TTL_S, Lease, LeaseBucketMissing, bucket_terms, ensure_lease_bucket, lease_bucket,
                      replica_id, run_replicated)
 from ..recorder.service import RecorderConfig, stream_token
@@ -35,8 +36,6 @@ from .common import add_nats_args, credentials_for, run_against_nats
 from ..bus.nats import redact_url, until_made
 
 SERVICES = ("recorder", "admission", "clock", "modeler", "policy")
-NETWORK_MODES = ("none", "fair", "coflow", "echelonflow")
-"""`--network`: as `rubick up --network` (replay.config.NETWORK_MODES)."""
 
 
 def register(sub) -> None:
@@ -50,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--policy", default="rubick", help="policy: the scheduling policy (rubick, sia, ...)")
     p.add_argument("--restart-cost", type=float, default=78.0, help="policy: seconds per reconfiguration")
     p.add_argument("--quotas", type=Path, help="policy: YAML or JSON mapping tenant -> guaranteed GPUs")
-    p.add_argument("--network", choices=NETWORK_MODES, default="none",
+    p.add_argument("--network", choices=NETWORK_SETTINGS, default="none",
                    help="policy: also run the network scheduler, which publishes network.decided (traffic classes "
                         "the agents pass to NCCL; docs/network.md); none (default) runs none")
     p.add_argument("--network-classes", type=int, default=4, choices=range(1, 9), metavar="1-8",

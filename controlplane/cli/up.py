@@ -8,6 +8,7 @@ import logging
 import signal
 from pathlib import Path
 
+from ..events.payloads import NETWORK_SETTINGS
 from ..runtime import DEFAULT_DATA_DIR, DEFAULT_NATS_PORT, ControlPlane, UpConfig
 from .common import fail
 
@@ -27,7 +28,7 @@ def register(sub) -> None:
                    help="seconds one reconfiguration costs (default 78; with --sim-cluster also what the simulated "
                         "agents charge)")
     p.add_argument("--quotas", type=Path, help="YAML/JSON mapping tenant -> GPUs for guaranteed jobs")
-    p.add_argument("--network", choices=("none", "fair", "coflow", "echelonflow"), default="none",
+    p.add_argument("--network", choices=NETWORK_SETTINGS, default="none",
                    help="schedule the jobs' flows between nodes and publish network.decided (traffic classes the "
                         "agents pass to NCCL; docs/network.md); none (default) publishes nothing")
     p.add_argument("--network-classes", type=int, default=4, choices=range(1, 9), metavar="1-8",

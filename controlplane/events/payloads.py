@@ -413,6 +413,8 @@ class PlanPending:
 
 
 NETWORK_MODES = ("fair", "coflow", "echelonflow")
+NETWORK_SETTINGS = ("none", *NETWORK_MODES)
+"""What `--network` accepts: no network scheduler, or one of its modes."""
 MAX_TRAFFIC_CLASSES = 8
 
 
@@ -498,7 +500,7 @@ class RunDescribed:
     hold_s: float | None = spec("how long a job is held on its configuration; nil: twice the restart cost",
                                 unit="s", ge=0, le=10**7, default=None, example=None)
     network: str = spec("the network scheduler the policy service runs beside the policy (docs/network.md); "
-                        "none: no network scheduler", choices=("none", *NETWORK_MODES), default="none",
+                        "none: no network scheduler", choices=NETWORK_SETTINGS, default="none",
                         example="echelonflow")
     network_classes: int = spec("traffic classes the network scheduler's fabric offers", ge=1,
                                 le=MAX_TRAFFIC_CLASSES, default=4, example=4)
