@@ -24,10 +24,12 @@
   GA step.
 - T_opt = k_opt * P / x with x = t p (3D) or d t p (ZeRO); under ZeRO-Offload the step runs on
   the CPUs: T_opt = k_opt_off * P / (d t p c) with c CPU threads per GPU.
-- T_off = P / (d t p B_pcie) in 4 bytes per parameter (16-bit gradients down, 16-bit parameters up).
-- T_oo = f_overlap^k_off(T_dp, T_off) + f_overlap^k_swap(T_opt, T_off) + T_host under
-  ZeRO-Offload, where T_host = P * `Environment.offload_ns_per_param` is the host's per-step work
-  that does not shrink with more GPUs; else T_opt + T_ag.
+- T_off = P / (d t p B_pcie) in 4 bytes per parameter: 2 down (16-bit gradients, T_off_down) and
+  2 up (16-bit parameters, T_off_up), T_off = T_off_down + T_off_up.
+- T_oo = f_overlap^k_off(T_dp, T_off_down) + f_overlap^k_swap(T_opt, T_off_up) + T_host under
+  ZeRO-Offload: the gradients go down beside the gradient synchronisation and the parameters come
+  up beside the CPU step, each direction counted once. T_host = P * `Environment.offload_ns_per_param`
+  is the host's per-step work that does not shrink with more GPUs. Otherwise T_oo = T_opt + T_ag.
 - f_overlap^k(x, y) = (x^k + y^k)^(1/k): x + y at k = 1, towards max(x, y) as k grows.
 
 Units of the fitted parameters: k_bwd, k_sync, k_off, k_swap, k_3d, k_tp are pure numbers; k_opt
@@ -62,6 +64,8 @@ GRAD_BYTES = 2.0
 """Bytes per element of gradients and activations on the wire (16-bit mixed precision)."""
 OFFLOAD_BYTES = 4.0
 """Bytes moved over PCIe per parameter under ZeRO-Offload (16-bit gradients down, parameters up)."""
+OFFLOAD_BYTES_DOWN = 2.0
+"""Of which gradients to the host (overlapped with the gradient synchronisation, k_off)."""
 NS = 1e-9
 
 
@@ -120,7 +124,7 @@ class Parts:
     t_comm_pp: np.ndarray
     t_cc: np.ndarray
     t_opt: np.ndarray
-    t_off: np.ndarray
+    t_off: np.ndarray     # the whole PCIe traffic under ZeRO-Offload, both directions
     t_oo: np.ndarray
     t_iter: np.ndarray
     t_sync: np.ndarray    # DP synchronisation overlapped with the last backward (in T_cc)
@@ -177,9 +181,13 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     t_opt = np.where(off, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
     b_pcie = env.b_pcie if model.b_pcie_gbps is None else model.b_pcie_gbps * 1e9
     t_off = np.where(off, OFFLOAD_BYTES * P / (d * t * p * b_pcie), 0.0)
+    # each direction of the PCIe traffic overlaps its own neighbour: gradients down beside the
+    # gradient synchronisation, updated parameters up beside the CPU step (tiled in DeepSpeed's CPU Adam)
+    t_off_down = t_off * (OFFLOAD_BYTES_DOWN / OFFLOAD_BYTES)
+    t_off_up = t_off - t_off_down
     t_host = env.offload_ns_per_param * NS * P
-    t_oo = np.where(off, f_overlap(t_comm_dp, t_off, params.k_off) + f_overlap(t_opt, t_off, params.k_swap) + t_host,
-                    t_opt + t_ag)
+    t_oo = np.where(off, f_overlap(t_comm_dp, t_off_down, params.k_off) + f_overlap(t_opt, t_off_up, params.k_swap)
+                    + t_host, t_opt + t_ag)
 
     total = t_cc + t_oo + params.k_const
     return Parts(t_fwd=t_fwd, t_bwd=t_bwd_step * a, t_comm_dp=t_comm_dp, t_comm_tp=t_comm_tp,

@@ -93,7 +93,7 @@ def test_offload_uses_cpus_and_pcie(models, env):
     assert np.isclose(pr.t_off[0], 4.0 * m.spec.num_params / (m.b_pcie_gbps * 1e9))
     plain = parts(replace(m, b_pcie_gbps=None), env, p, batch(few))
     assert np.isclose(plain.t_off[0], 4.0 * m.spec.num_params / (env.b_pcie_gbps * 1e9))
-    assert pr.t_oo[0] >= max(pr.t_opt[0], pr.t_off[0])
+    assert pr.t_oo[0] >= max(pr.t_opt[0], pr.t_off[0] / 2)
 
 
 def test_zero_dp_shards_the_optimizer(models, env):
@@ -146,7 +146,8 @@ def test_offload_counts_the_sync_once_in_t_oo(models, env):
     assert pr.t_sync[0] == 0 and pr.t_ag[0] == 0
     host = env.offload_ns_per_param * 1e-9 * m.spec.num_params
     assert host > 0
-    expect = (f_overlap(pr.t_comm_dp, pr.t_off, 1.7) + f_overlap(pr.t_opt, pr.t_off, 2.3) + host)[0]
+    # each direction of the PCIe traffic (half of t_off) overlaps its own neighbour, once
+    expect = (f_overlap(pr.t_comm_dp, pr.t_off / 2, 1.7) + f_overlap(pr.t_opt, pr.t_off / 2, 2.3) + host)[0]
     assert np.isclose(pr.t_oo[0], expect)
 
 
