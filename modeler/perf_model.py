@@ -13,7 +13,8 @@
   shared by the t tensor-parallel ranks of a node; `Environment.b_inter_rails`).
   V_dp = P * 2(d-1) / (d t p),  V_tp = 8 (t-1) b s h l / (d t),  V_pp = 2 p b s h / (d t)
   (each 0 when its degree is 1), in elements of 2 bytes (16-bit gradients and activations).
-  T_tp is scaled by k_tp, and each of the m + p - 1 pipeline steps adds k_pp seconds.
+  T_tp is scaled by k_tp, and each of the m + p - 1 steps of the tensor/pipeline engine's schedule
+  adds k_pp seconds (t * p > 1; with p = 1 that is one step per micro-batch).
 - DP synchronisation: plain DP all-reduces the gradients during the backward (T_sync = T_dp).
   ZeRO stages 1-2 reduce-scatter them during the backward (half the volume) and all-gather the
   updated 16-bit parameters after the optimizer step (the other half, T_ag, on the critical path);
@@ -161,8 +162,9 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     b_inter = env.b_inter_rails(batch.min_node_gpus) / t
     t_comm_dp = v_dp / np.where(batch.dp_inter, b_inter, env.b_intra)
     t_comm_tp = params.k_tp * (v_tp / np.where(batch.tp_inter, b_inter, env.b_intra))
+    # a fixed time per step of the engine's schedule, m + p - 1 steps (one per micro-batch at p = 1)
     t_comm_pp = (v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
-                 + np.where(p > 1, params.k_pp * (m + p - 1.0), 0.0))
+                 + np.where(t * p > 1, params.k_pp * (m + p - 1.0), 0.0))
 
     # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
     # backward and parameter all-gather after the step; under offload all of it inside T_oo

@@ -165,11 +165,13 @@ def test_offload_host_time_is_the_same_on_any_gpus(models, env):
 
 def test_engine_parameters_scale_tp_and_add_per_pipeline_step(models, env):
     m = models["t5"]
-    cfgs = [cfg(gpn=(8,), tp=8), cfg(gpn=(4, 4), tp=4, pp=2), cfg(gpn=(2, 2, 2, 2), tp=2, pp=4, micro_batches=2)]
+    cfgs = [cfg(gpn=(8,), tp=8), cfg(gpn=(4, 4), tp=4, pp=2), cfg(gpn=(2, 2, 2, 2), tp=2, pp=4, micro_batches=2),
+            cfg(gpn=(8,), dp=8)]
     base = parts(m, env, PerfParams(), batch(*cfgs))
     tuned = parts(m, env, PerfParams(k_tp=3.0, k_pp=0.05), batch(*cfgs))
     assert np.allclose(tuned.t_comm_tp, 3.0 * base.t_comm_tp)
-    steps = np.array([0.0, 1 + 2 - 1, 2 + 4 - 1])  # m + p - 1 pipeline steps; none without PP
+    # m + p - 1 steps of the engine's schedule, one at p = 1 under TP; none off the engine (plain DP)
+    steps = np.array([1.0, 1 + 2 - 1, 2 + 4 - 1, 0.0])
     assert np.allclose(tuned.t_comm_pp - base.t_comm_pp, 0.05 * steps)
 
 

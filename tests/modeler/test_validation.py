@@ -32,7 +32,7 @@ BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("t5", "DP"): (12, 35.5),
     ("t5", "GC"): (10.5, 35),
     ("t5", "ZeRO-DP+GA"): (14.5, 40),
-    ("t5", "TP+PP"): (8, 22),
+    ("t5", "TP+PP"): (7, 18),
     ("gpt2", "ZeRO-DP+GA"): (5, 12.5),
 }
 
