@@ -13,11 +13,12 @@ import polars as pl
 
 from .configs import ConfigError, check_columns
 from .env import DEFAULT_ENV_FILE, EnvError, load_env
-from .fit import FitError, fit
+from .fit import FitError, check_duplicates, fit
 from .memory import feasible, resolve_ga
 from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
 from .spec import MODELS_DIR, SpecError, load_model
-from .validate import MODEL_KEYS, format_report, measurements, validate
+from .uncertainty import Uncertainty, estimate, interval
+from .validate import MODEL_KEYS, duplicate_key, format_report, measurements, validate
 
 PARAMS_FORMAT = 1
 
@@ -45,7 +46,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--params", required=True, help="parameters written by `rubick model fit`")
     p.add_argument("--configs", required=True, help="CSV of configurations (the columns of fit_points.csv)")
     p.add_argument("--env", default=str(DEFAULT_ENV_FILE))
-    p.add_argument("--out", required=True, help="CSV written back with pred_iter_time_s and feasible added")
+    p.add_argument("--out", required=True, help="CSV written back with pred_iter_time_s, feasible and the error "
+                   "bounds pred_low_s, pred_high_s and pred_error_pct (90%%) added")
     p.set_defaults(func=_guard(cmd_predict))
 
     p = sub.add_parser("validate", help="fit on fit_points.csv, predict the rest of throughput_table.csv")
@@ -99,27 +101,37 @@ def cmd_fit(args: argparse.Namespace) -> int:
         numbered = list(enumerate(records, start=1))
     if not numbered:
         raise CliError(f"{args.points}: no row has model = {model.name!r}")
-    # validate each row with its own line number in the file, then fit on the chosen rows
+    # validate each row with its own line number in the file (every bad row named), then fit on the chosen rows
+    problems = []
     for row, rec in numbered:
         try:
             measurements(model, [rec])
-        except ConfigError as exc:
-            raise ConfigError(exc.detail, row) from None
-    result = fit(model, env, measurements(model, [r for _, r in numbered]), need_offload=args.need_offload)
+        except (ConfigError, FitError) as exc:
+            problems.append(f"row {row}: {getattr(exc, 'detail', None) or str(exc).split(': ', 1)[-1]}")
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise CliError(f"{args.points}: {len(problems)} bad row(s){more}: " + "; ".join(problems[:10]))
+    rows = [row for row, _ in numbered]
+    pts = measurements(model, [r for _, r in numbered], labels=rows)
+    check_duplicates([duplicate_key(r) for _, r in numbered], pts.iter_time_s, rows)
+    result = fit(model, env, pts, need_offload=args.need_offload)
+    unc = estimate(model, env, pts, result)
     doc = {"format": PARAMS_FORMAT, "model": model.name, "env": env.name, "params": result.params.as_dict(),
            "fitted": list(result.fitted), "offload_fitted": result.offload_fitted, "n_points": result.n_points,
-           "n_offload_points": result.n_offload_points, "rmsle": result.rmsle,
+           "n_offload_points": result.n_offload_points, "rmsle": result.rmsle, "uncertainty": unc.as_dict(),
            "units": {"k_bwd": "1", "k_sync": "1", "k_opt": "ns per parameter (GPU)",
                      "k_opt_off": "ns per parameter per CPU thread", "k_off": "1", "k_swap": "1", "k_const": "s"}}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     note = "" if result.offload_fitted else " (no ZeRO-Offload points: offload parameters not fitted)"
     print(f"{model.name}: fitted on {result.n_points} points, RMSLE {result.rmsle:.4f}{note}")
+    print(f"  error bound: out-of-fold RMS log error {unc.sigma_cv:.4f} over {unc.folds} folds, "
+          f"{len(unc.samples)} bootstrap refits; predictions may be {unc.margin:.1%} too fast (90%)")
     print("  " + "  ".join(f"{k}={v:.6g}" for k, v in result.params.as_dict().items()))
     print(f"wrote {args.out}")
     return 0
 
 
-def _load_params(path: str, model_name: str) -> tuple[PerfParams, bool]:
+def _load_params(path: str, model_name: str) -> tuple[PerfParams, bool, Uncertainty | None]:
     p = Path(path)
     try:
         doc = json.loads(p.read_text())
@@ -133,15 +145,16 @@ def _load_params(path: str, model_name: str) -> tuple[PerfParams, bool]:
         raise CliError(f"{p}: parameters are for model {doc['model']!r}, the spec is {model_name!r}")
     try:
         params = PerfParams.from_dict(doc["params"])
+        unc = Uncertainty.from_dict(doc["uncertainty"]) if doc.get("uncertainty") is not None else None
     except ValueError as exc:
         raise CliError(f"{p}: {exc}") from None
-    return params, bool(doc.get("offload_fitted", True))
+    return params, bool(doc.get("offload_fitted", True)), unc
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     model = load_model(args.spec)
     env = load_env(args.env)
-    params, offload_fitted = _load_params(args.params, model.name)
+    params, offload_fitted, unc = _load_params(args.params, model.name)
     frame = _read_csv(args.configs)
     try:
         check_columns(frame.columns)
@@ -160,16 +173,24 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batch = resolve_ga(model, env, batch)
     times = t_iter(model, env, params, batch)
     ok = feasible(model, env, batch)
-    pred: list[float | None] = [None] * len(records)
-    fits: list[int | None] = [None] * len(records)
+    low = high = None
+    if unc is not None:
+        _, low, high = interval(model, env, params, unc, batch)
+    cols: dict[str, list] = {c: [None] * len(records) for c in ("pred_iter_time_s", "feasible", "pred_low_s",
+                                                                "pred_high_s", "pred_error_pct")}
     for j, i in enumerate(mine):
-        pred[i], fits[i] = float(times[j]), int(ok[j])
-    out = frame.with_columns(pl.Series("pred_iter_time_s", pred, dtype=pl.Float64),
-                             pl.Series("feasible", fits, dtype=pl.Int64))
+        cols["pred_iter_time_s"][i], cols["feasible"][i] = float(times[j]), int(ok[j])
+        if low is not None:
+            cols["pred_low_s"][i], cols["pred_high_s"][i] = float(low[j]), float(high[j])
+            cols["pred_error_pct"][i] = round(float(high[j] / times[j] - 1.0) * 100.0, 3)
+    out = frame.with_columns(*(pl.Series(c, v, dtype=pl.Int64 if c == "feasible" else pl.Float64)
+                               for c, v in cols.items()))
     out.write_csv(args.out)
     skipped = len(records) - len(mine)
+    bound = ("" if unc is not None else
+             "; no error bounds (the parameter file has no uncertainty: fit it again with `rubick model fit`)")
     print(f"predicted {len(mine)} configurations of {model.name} ({int((~ok).sum())} infeasible)"
-          + (f"; {skipped} rows of other models left empty" if skipped else "") + f"; wrote {args.out}")
+          + (f"; {skipped} rows of other models left empty" if skipped else "") + bound + f"; wrote {args.out}")
     return 0
 
 

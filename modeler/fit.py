@@ -25,6 +25,7 @@ pp > 1. Pure code: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -38,6 +39,10 @@ MIN_POINTS = 7
 MIN_OFFLOAD_POINTS = 3
 BREAKDOWN_WEIGHT = 0.3
 """Weight of a breakdown part's log error relative to the iteration time's."""
+DUPLICATE_TOLERANCE = 0.10
+"""Rows of one configuration whose times differ by more than this (relative) conflict."""
+PART_SLACK = 0.05
+"""How much longer than the iteration a breakdown part may be (timer noise) before it is refused."""
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "k_bwd": (0.3, 8.0),
@@ -73,13 +78,16 @@ class FitError(ValueError):
 
 @dataclass(frozen=True)
 class Measurements:
-    """Measured points: iteration time (s) and optional breakdown parts (s; NaN = not recorded)."""
+    """Measured points: iteration time (s) and optional breakdown parts (s; NaN or 0 = not recorded).
+    `labels` are the points' row numbers in the file they came from (1 = the first data row), for errors;
+    without them errors count points from 1."""
 
     batch: ConfigBatch
     iter_time_s: np.ndarray
     fwd_s: np.ndarray | None = None
     bwd_sync_s: np.ndarray | None = None
     opt_s: np.ndarray | None = None
+    labels: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.batch)
@@ -87,10 +95,54 @@ class Measurements:
             arr = getattr(self, name)
             if arr is not None and np.shape(arr) != (n,):
                 raise ValueError(f"{name} has {np.shape(arr)} entries for {n} configurations")
-        bad = ~(np.isfinite(self.iter_time_s) & (self.iter_time_s > 0))
+        if self.labels is not None and len(self.labels) != n:
+            raise ValueError(f"{len(self.labels)} labels for {n} configurations")
+        t = np.asarray(self.iter_time_s, dtype=np.float64)
+        bad = ~(np.isfinite(t) & (t > 0))
         if bad.any():
-            i = int(np.argmax(bad))
-            raise FitError(f"point {i}: iteration time must be a finite time > 0 s, got {self.iter_time_s[i]!r}")
+            raise FitError(f"{rows_text(self.row_labels(bad))}: the iteration time must be a finite time > 0 s, got "
+                           + ", ".join(repr(float(v)) for v in t[bad][:8]))
+        for name in ("fwd_s", "bwd_sync_s", "opt_s"):
+            arr = getattr(self, name)
+            if arr is None:
+                continue
+            v = np.asarray(arr, dtype=np.float64)
+            neg = v < 0
+            if neg.any():
+                raise FitError(f"{rows_text(self.row_labels(neg))}: breakdown part {name} must be >= 0 s (0 or "
+                               "empty = not recorded), got " + ", ".join(repr(float(x)) for x in v[neg][:8]))
+            over = np.isfinite(v) & (v > t * (1 + PART_SLACK))
+            if over.any():
+                raise FitError(f"{rows_text(self.row_labels(over))}: breakdown part {name} is longer than the "
+                               "whole iteration")
+
+    def row_labels(self, mask: np.ndarray | None = None) -> list[int]:
+        labels = self.labels if self.labels is not None else tuple(range(1, len(self.batch) + 1))
+        return [lab for lab, m in zip(labels, np.ones(len(labels), bool) if mask is None else mask) if m]
+
+
+def rows_text(labels: Sequence[int]) -> str:
+    """'row 3', 'rows 2 and 8', 'rows 1, 4 and 5' (at most ten named)."""
+    labels = list(labels)
+    if len(labels) == 1:
+        return f"row {labels[0]}"
+    shown = [str(x) for x in labels[:10]] + ([f"{len(labels) - 10} more"] if len(labels) > 10 else [])
+    return "rows " + ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def check_duplicates(keys: Sequence[Hashable], times: Sequence[float], labels: Sequence[int]) -> None:
+    """FitError when rows with the same configuration disagree on its time by more than
+    `DUPLICATE_TOLERANCE` (repeated measurements closer than that are kept, all of them)."""
+    groups: dict[Hashable, list[tuple[int, float]]] = {}
+    for key, t, lab in zip(keys, times, labels):
+        groups.setdefault(key, []).append((lab, float(t)))
+    clashes = [g for g in groups.values()
+               if len(g) > 1 and max(t for _, t in g) > min(t for _, t in g) * (1 + DUPLICATE_TOLERANCE)]
+    if clashes:
+        raise FitError("; ".join(
+            f"{rows_text([lab for lab, _ in g])} are the same configuration with conflicting times "
+            f"({', '.join(f'{t:.6g}' for _, t in g)} s, more than {DUPLICATE_TOLERANCE:.0%} apart)"
+            for g in clashes[:5]) + ": keep one measurement, or repeat it until they agree")
 
 
 @dataclass(frozen=True)
@@ -114,21 +166,36 @@ def _part(values: np.ndarray | None, n: int) -> np.ndarray:
     return np.where(np.isfinite(v) & (v > 0), v, np.nan)
 
 
-def check_points(model: ModelType, pts: Measurements, *, need_offload: bool = False) -> tuple[int, int]:
-    """(measurements, offload points), or FitError naming what is missing."""
+def _counted(pts: Measurements) -> np.ndarray:
+    """Measurements per point: its iteration time plus each recorded breakdown part."""
     n = len(pts.batch)
-    seen = sum(np.isfinite(_part(x, n)).astype(int) for x in (pts.fwd_s, pts.bwd_sync_s, pts.opt_s)) + 1
+    return sum(np.isfinite(_part(x, n)).astype(int) for x in (pts.fwd_s, pts.bwd_sync_s, pts.opt_s)) + 1
+
+
+def check_points(model: ModelType, pts: Measurements, *, need_offload: bool = False,
+                 active: np.ndarray | None = None, n_params: int = 0) -> tuple[int, int]:
+    """(measurements, offload measurements) of the points (only those `active`), or FitError naming
+    the rows and what is missing. `n_params`: the parameters to fit, which the measurements must not
+    be fewer than."""
+    mask = np.ones(len(pts.batch), bool) if active is None else np.asarray(active, bool)
+    n = int(mask.sum())
+    seen = np.where(mask, _counted(pts), 0)
     measurements = int(seen.sum())
-    n_off = int(seen[pts.batch.offload].sum())
-    if measurements < MIN_POINTS:
-        raise FitError(f"model {model.name}: {n} measured point(s) ({measurements} measurements with the "
-                       f"breakdown parts); at least {MIN_POINTS} are needed to fit the seven parameters")
+    off = pts.batch.offload & mask
+    n_off = int(seen[off].sum())
+    rows = f" ({rows_text(pts.row_labels(mask))})" if n else ""
+    need = max(MIN_POINTS, n_params)
+    if measurements < need:
+        raise FitError(f"model {model.name}: {n} measured point(s){rows}, {measurements} measurements with "
+                       f"their breakdown parts; at least {need} are needed to fit "
+                       + (f"{n_params} parameters" if n_params > MIN_POINTS else "the seven parameters"))
     if (need_offload or n_off) and n_off < MIN_OFFLOAD_POINTS:
-        raise FitError(f"model {model.name}: {int(pts.batch.offload.sum())} ZeRO-Offload point(s) "
-                       f"({n_off} measurements with the breakdown parts); at least {MIN_OFFLOAD_POINTS} are "
-                       "needed to fit k_opt_off, k_off and k_swap")
+        offr = f" ({rows_text(pts.row_labels(off))})" if off.any() else ""
+        raise FitError(f"model {model.name}: {int(off.sum())} ZeRO-Offload point(s){offr}, {n_off} measurements "
+                       f"with their breakdown parts; at least {MIN_OFFLOAD_POINTS} are needed to fit k_opt_off, "
+                       "k_off and k_swap")
     if n < 2:
-        raise FitError(f"model {model.name}: {n} measured iteration time(s); at least 2 are needed")
+        raise FitError(f"model {model.name}: {n} measured iteration time(s){rows}; at least 2 are needed")
     return measurements, n_off
 
 
@@ -140,16 +207,36 @@ def load_solver() -> None:
 
 
 def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: bool = False,
-        initial: PerfParams | None = None, multi_start: bool = True) -> FitResult:
+        initial: PerfParams | None = None, multi_start: bool = True, weights: np.ndarray | None = None,
+        names: Sequence[str] | None = None, strict: bool = True) -> FitResult:
     """Fit the parameters of `model` on the measured points. With `initial` and not `multi_start`
     (an online refit), only the warm start is tried: the refit follows a drift, it does not
-    search the whole space again."""
-    _, n_off = check_points(model, pts, need_offload=need_offload)
+    search the whole space again. `weights` (one per point, >= 0; 0 leaves the point out) weigh the
+    points' residuals; `names` fixes which parameters are fitted (else those the points inform).
+    `strict=False` skips the minimum point counts: for refits of a fit that met them, with some points
+    weighed down or left out (the error bounds of `modeler.uncertainty`), where the priors keep what
+    the remaining points do not inform."""
+    w = np.ones(len(pts.batch)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(pts.batch),) or not np.all(np.isfinite(w) & (w >= 0)):
+        raise ValueError("weights must be one finite number >= 0 per point")
+    active = w > 0
+    if strict:
+        _, n_off = check_points(model, pts, need_offload=need_offload, active=active)
+    else:
+        if not active.any():
+            raise FitError(f"model {model.name}: every point has weight 0")
+        n_off = int(_counted(pts)[pts.batch.offload & active].sum())
     batch = resolve_ga(model, env, pts.batch)
-    informs = {"3d": bool((batch.tp * batch.pp > 1).any()), "tp": bool((batch.tp > 1).any()),
-               "pp": bool((batch.pp > 1).any())}
-    names = [k for k in PARAM_NAMES if (n_off or k not in OFFLOAD_PARAMS) and (informs["3d"] or k not in ENGINE_PARAMS)
-             and (informs["tp"] or k not in TP_PARAMS) and (informs["pp"] or k not in PP_PARAMS)]
+    if names is None:
+        on = batch.take(active)
+        informs = {"3d": bool((on.tp * on.pp > 1).any()), "tp": bool((on.tp > 1).any()), "pp": bool((on.pp > 1).any())}
+        names = [k for k in PARAM_NAMES if (n_off or k not in OFFLOAD_PARAMS)
+                 and (informs["3d"] or k not in ENGINE_PARAMS)
+                 and (informs["tp"] or k not in TP_PARAMS) and (informs["pp"] or k not in PP_PARAMS)]
+        if strict:
+            check_points(model, pts, need_offload=need_offload, active=active, n_params=len(names))
+    names = list(names)
+    sw = np.sqrt(w)
     base = initial or PerfParams()
     n = len(pts.batch)
     meas = np.log(pts.iter_time_s)
@@ -180,10 +267,10 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         pr = parts(model, env, params_of(z), batch)
         tiny = 1e-12
         return np.concatenate([
-            np.log(pr.t_iter) - meas,
-            BREAKDOWN_WEIGHT * np.where(cc_ok, np.log(np.maximum(pr.t_cc, tiny)) - log_cc, 0.0),
-            BREAKDOWN_WEIGHT * np.where(oo_ok, np.log(np.maximum(pr.t_oo, tiny)) - log_oo, 0.0),
-            BREAKDOWN_WEIGHT * np.where(sum_ok, np.log(np.maximum(pr.t_cc + pr.t_oo, tiny)) - log_sum, 0.0),
+            sw * (np.log(pr.t_iter) - meas),
+            sw * BREAKDOWN_WEIGHT * np.where(cc_ok, np.log(np.maximum(pr.t_cc, tiny)) - log_cc, 0.0),
+            sw * BREAKDOWN_WEIGHT * np.where(oo_ok, np.log(np.maximum(pr.t_oo, tiny)) - log_oo, 0.0),
+            sw * BREAKDOWN_WEIGHT * np.where(sum_ok, np.log(np.maximum(pr.t_cc + pr.t_oo, tiny)) - log_sum, 0.0),
             PRIOR_WEIGHT * (z - prior),
         ], axis=1)
 
@@ -211,6 +298,6 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         if best is None or res.cost < best.cost:
             best = res
     params = params_of(best.x)
-    err = np.log(parts(model, env, params, batch).t_iter) - meas
-    return FitResult(params=params, fitted=tuple(names), n_points=n, n_offload_points=n_off,
+    err = (np.log(parts(model, env, params, batch).t_iter) - meas)[active]
+    return FitResult(params=params, fitted=tuple(names), n_points=int(active.sum()), n_offload_points=n_off,
                      rmsle=float(np.sqrt(np.mean(err ** 2))))

@@ -83,6 +83,87 @@ def test_bad_measurements_name_the_row(tmp_path, capsys):
     assert code == 2 and "row 3: iter_time_s must be a finite time > 0 s" in err
 
 
+def _bert_rows():
+    rows = (DATA / "fit_points.csv").read_text().splitlines()
+    return rows[0], rows[0].split(","), [r.split(",") for r in rows[1:] if r.startswith("bert,")]
+
+
+def _fit_file(tmp_path, capsys, header, body):
+    points = tmp_path / "p.csv"
+    points.write_text("\n".join([header, *(",".join(r) for r in body)]) + "\n")
+    return run(capsys, "model", "fit", "--spec", str(MODELS / "bert.yaml"), "--points", str(points),
+               "--out", str(tmp_path / "o.json"))
+
+
+def test_every_bad_row_is_named_at_once(tmp_path, capsys):
+    header, cols, body = _bert_rows()
+    for i, value in ((1, "0"), (4, "-0.2"), (5, "")):
+        body[i][cols.index("iter_time_s")] = value
+    code, _, err = _fit_file(tmp_path, capsys, header, body)
+    assert code == 2 and "3 bad row(s)" in err
+    assert all(f"row {r}: iter_time_s" in err for r in (2, 5, 6)), err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_negative_or_too_long_breakdown_part_is_refused(tmp_path, capsys):
+    header, cols, body = _bert_rows()
+    body[0][cols.index("forward_ms")] = "-5"
+    body[3][cols.index("optimize_ms")] = str(float(body[3][cols.index("iter_time_s")]) * 2000)
+    code, _, err = _fit_file(tmp_path, capsys, header, body)
+    assert code == 2 and "row 1: breakdown part fwd_s must be >= 0 s" in err
+    assert "row 4: breakdown part opt_s is longer than the whole iteration" in err
+
+
+def test_duplicate_configurations_with_conflicting_times_name_both_rows(tmp_path, capsys):
+    header, cols, body = _bert_rows()
+    it = cols.index("iter_time_s")
+    again = list(body[1])
+    again[it] = str(float(again[it]) * 1.5)  # the same configuration measured 50% slower
+    code, _, err = _fit_file(tmp_path, capsys, header, [*body, again])
+    assert code == 2 and f"rows 2 and {len(body) + 1} are the same configuration with conflicting times" in err
+    # a repeat that agrees (within 10%) is a second measurement, and kept
+    again[it] = str(float(body[1][it]) * 1.03)
+    code, out, err = _fit_file(tmp_path, capsys, header, [*body, again])
+    assert code == 0 and f"fitted on {len(body) + 1} points" in out, err
+
+
+def test_fit_writes_an_error_bound_and_predict_gives_each_row_an_interval(tmp_path, capsys):
+    params = tmp_path / "t5.json"
+    code, out, err = run(capsys, "model", "fit", "--spec", str(MODELS / "t5.yaml"), "--points", POINTS,
+                         "--out", str(params))
+    assert code == 0 and "error bound: out-of-fold RMS log error" in out, err
+    unc = json.loads(params.read_text())["uncertainty"]
+    assert unc["folds"] == 10 and unc["sigma_cv"] > 0 and len(unc["samples"]) == 16
+    assert set(unc["by_family"]) == {"DP", "ZeRO-Offload", "3D"}  # t5's fitting points' families
+    pred = tmp_path / "pred.csv"
+    table = str(DATA / "throughput_table.csv")
+    code, out, err = run(capsys, "model", "predict", "--spec", str(MODELS / "t5.yaml"), "--params", str(params),
+                         "--configs", table, "--out", str(pred))
+    assert code == 0 and "no error bounds" not in out, err
+    mine = [r for r in csv.DictReader(pred.open()) if r["model"] == "t5"]
+    lo, mid, hi = ([float(r[c]) for r in mine] for c in ("pred_low_s", "pred_iter_time_s", "pred_high_s"))
+    assert all(a < b < c for a, b, c in zip(lo, mid, hi))
+    pct = [float(r["pred_error_pct"]) for r in mine]
+    assert all(abs(p - (h / m - 1) * 100) < 0.01 for p, h, m in zip(pct, hi, mid))
+    # a ZeRO-DP row (no t5 fitting point of that family) gets the type's overall bound, 3D rows the 3D one
+    z = unc["z"]
+    zero = next(r for r in mine if r["plan_family"] == "zero-dp")
+    assert abs(float(zero["pred_error_pct"]) / 100 - (2.718281828 ** (z * unc["sigma_cv"]) - 1)) < 0.01
+    # parameters written before bounds existed: predictions without them, and a word saying so
+    doc = json.loads(params.read_text())
+    del doc["uncertainty"]
+    params.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "model", "predict", "--spec", str(MODELS / "t5.yaml"), "--params", str(params),
+                         "--configs", table, "--out", str(pred))
+    assert code == 0 and "no error bounds" in out
+    assert all(r["pred_low_s"] == "" for r in csv.DictReader(pred.open()))
+    doc["uncertainty"] = {"sigma_cv": -1, "folds": 3}
+    params.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "model", "predict", "--spec", str(MODELS / "t5.yaml"), "--params", str(params),
+                       "--configs", table, "--out", str(pred))
+    assert code == 2 and "sigma_cv must be >= 0" in err
+
+
 def test_too_few_points_is_exit_2(tmp_path, capsys):
     points = tmp_path / "p.csv"
     lines = (DATA / "fit_points.csv").read_text().splitlines()
@@ -93,7 +174,7 @@ def test_too_few_points_is_exit_2(tmp_path, capsys):
     pl.read_csv(points).drop("forward_ms", "overlap_sync_ms", "optimize_ms").write_csv(points_sans_breakdown)
     code, _, err = run(capsys, "model", "fit", "--spec", str(MODELS / "vit.yaml"), "--points",
                        str(points_sans_breakdown), "--out", str(tmp_path / "o.json"))
-    assert code == 2 and "vit: 3 measured point(s)" in err and "at least 7" in err
+    assert code == 2 and "vit: 3 measured point(s) (rows 1, 2 and 3)" in err and "at least 7" in err
 
 
 def test_missing_files_are_exit_2(tmp_path, capsys):
@@ -108,3 +189,4 @@ def test_validate_prints_the_table(capsys):
     code, out, _ = run(capsys, "model", "validate", "--data", str(DATA))
     assert code == 0
     assert "paper avg" in out and "llama30" in out and "ZeRO-Offload" in out
+    assert "rows" in out and "inside their bound" in out

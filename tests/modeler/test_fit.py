@@ -60,18 +60,21 @@ def test_one_bad_measurement_does_not_drag_the_fit(models, env):
 def test_too_few_points_is_a_clear_error(models, env):
     model = models["bert"]
     pts = measured(model, env, configs()[:5] + configs()[-1:])
-    with pytest.raises(FitError, match=r"bert: 6 measured point\(s\).*at least 7"):
+    with pytest.raises(FitError, match=r"bert: 6 measured point\(s\) \(rows 1, 2, 3, 4, 5 and 6\).*at least 7"):
         fit(model, env, pts)
+    labelled = replace(pts, labels=(3, 5, 8, 13, 21, 34))  # the rows of the file they came from
+    with pytest.raises(FitError, match=r"bert: 6 measured point\(s\) \(rows 3, 5, 8, 13, 21 and 34\)"):
+        fit(model, env, labelled)
 
 
 def test_missing_offload_points_is_a_clear_error(models, env):
     model = models["bert"]
     pts = measured(model, env, configs(2))
-    with pytest.raises(FitError, match=r"2 ZeRO-Offload point\(s\).*at least 3"):
+    with pytest.raises(FitError, match=r"2 ZeRO-Offload point\(s\) \(rows 8 and 9\), 2 measurements.*at least 3"):
         fit(model, env, pts)
     no_offload = measured(model, env, configs(0))
     assert not fit(model, env, no_offload).offload_fitted
-    with pytest.raises(FitError, match="0 ZeRO-Offload"):
+    with pytest.raises(FitError, match="0 ZeRO-Offload point"):
         fit(model, env, no_offload, need_offload=True)
 
 
@@ -94,11 +97,46 @@ def test_nan_and_non_positive_times_refused(models, env):
     batch = ConfigBatch.from_configs(configs())
     times = np.ones(len(batch))
     times[3] = np.nan
-    with pytest.raises(FitError, match="point 3"):
+    with pytest.raises(FitError, match="row 4: the iteration time must be a finite time > 0 s, got nan"):
         Measurements(batch=batch, iter_time_s=times)
-    times[3] = 0.0
-    with pytest.raises(FitError, match="point 3"):
+    times[3], times[6] = 0.0, -1.0
+    with pytest.raises(FitError, match=r"rows 4 and 7: .* got 0.0, -1.0"):
         Measurements(batch=batch, iter_time_s=times)
+    times[3] = times[6] = 1.0
+    fwd = np.full(len(batch), np.nan)
+    fwd[2] = -0.1
+    with pytest.raises(FitError, match="row 3: breakdown part fwd_s must be >= 0 s"):
+        Measurements(batch=batch, iter_time_s=times, fwd_s=fwd)
+    fwd[2] = 2.0
+    with pytest.raises(FitError, match="row 3: breakdown part fwd_s is longer than the whole iteration"):
+        Measurements(batch=batch, iter_time_s=times, fwd_s=fwd, labels=tuple(range(1, len(batch) + 1)))
+
+
+def test_duplicate_configurations_must_agree():
+    from modeler.fit import check_duplicates
+
+    check_duplicates(["a", "b", "a"], [1.0, 2.0, 1.05], [1, 2, 3])  # a repeat within 10%: two measurements
+    with pytest.raises(FitError, match=r"rows 1 and 3 are the same configuration with conflicting times \(1, 1.2 s"):
+        check_duplicates(["a", "b", "a"], [1.0, 2.0, 1.2], [1, 2, 3])
+
+
+def test_a_point_of_weight_zero_is_left_out(models, env):
+    model = models["bert"]
+    cfgs = configs(4)
+    pts = measured(model, env, cfgs)
+    times = pts.iter_time_s.copy()
+    times[1] *= 2.0
+    skewed = Measurements(batch=pts.batch, iter_time_s=times)
+    w = np.ones(len(cfgs))
+    w[1] = 0.0
+    keep = np.arange(len(cfgs)) != 1
+    without = fit(model, env, Measurements(batch=pts.batch.take(keep), iter_time_s=times[keep]))
+    weighted = fit(model, env, skewed, weights=w)
+    assert weighted.n_points == len(cfgs) - 1
+    a, b = weighted.params.as_dict(), without.params.as_dict()
+    assert all(abs(a[k] - b[k]) <= 1e-3 * abs(b[k]) for k in a), (a, b)
+    with pytest.raises(ValueError, match="weights"):
+        fit(model, env, skewed, weights=-w)
 
 
 def test_fit_is_deterministic(models, env):
