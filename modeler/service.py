@@ -41,6 +41,8 @@ from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
 from .spec import ModelType
 
 NAME = "modeler"
+REFIT_FOLDS = 5
+"""Folds of the out-of-fold error an online refit publishes as its bound (`modeler.uncertainty`)."""
 
 
 @dataclass
@@ -65,6 +67,10 @@ class _TypeState:
     predicted: dict[tuple, float] = field(default_factory=dict)
     """configuration key -> predicted iteration time under `predicted_by`"""
     predicted_by: PerfParams | None = None
+    anchors: Measurements | None = None
+    """the agreed fitting points the parameters were seeded from: every refit keeps them"""
+    bounds: dict[str, float] | None = None
+    """the parameters' error bounds (`modeler.uncertainty.Uncertainty.margins`); None = not estimated"""
 
 
 def _config_key(cfg: Config) -> tuple:
@@ -81,7 +87,10 @@ class ModelerCore:
 
     def __init__(self, models: Mapping[str, ModelType], env: Environment, params: Mapping[str, PerfParams] | None = None,
                  *, threshold: float = 0.10, window: int = 20, min_window: int = 5, per_config: int = 4,
-                 max_configs: int = 64, max_seen: int = 4096, min_gain: float = 0.10) -> None:
+                 max_configs: int = 64, max_seen: int = 4096, min_gain: float = 0.10,
+                 anchors: Mapping[str, Measurements] | None = None,
+                 bounds: Mapping[str, Mapping[str, float]] | None = None,
+                 refit_folds: int = REFIT_FOLDS) -> None:
         self.env = env
         self.threshold = threshold
         self.min_gain = min_gain
@@ -93,8 +102,11 @@ class ModelerCore:
         self.types: dict[str, _TypeState] = {}
         self.job_batch: dict[str, int] = {}
         self._seq = 0
+        self.refit_folds = refit_folds
         for key in sorted(models):
-            self.types[key] = _TypeState(model=models[key], params=(params or {}).get(key))
+            self.types[key] = _TypeState(model=models[key], params=(params or {}).get(key),
+                                         anchors=(anchors or {}).get(key),
+                                         bounds=clean_bounds((bounds or {}).get(key)))
 
     # --- the core's interface -------------------------------------------------------------------------
 
@@ -147,6 +159,8 @@ class ModelerCore:
         except ValueError:
             return
         st.params, st.version, st.errors = params, upd.version, []
+        if upd.error_bounds is not None:
+            st.bounds = clean_bounds(upd.error_bounds)
 
     def _reject(self, event: Event, m: MetricsIteration, reason: str, fld: str, expected: str = "",
                 got: str = "") -> list[Event]:
@@ -212,34 +226,85 @@ class ModelerCore:
 
     def _refit(self, event: Event, key: str, st: _TypeState, reason: str) -> list[Event]:
         pts = [p for k in sorted(st.points, key=repr) for p in st.points[k]]
-        result = None
+        result = seen = None
         for subset in (pts, [p for p in pts if not p.config.plan.offload]):
             if not subset:
                 continue
             try:
-                result = fit(st.model, self.env, _measurements(st.model, subset), initial=st.params,
-                             multi_start=st.params is None)
+                seen = _with_anchors(st.model, self.env, st.anchors, _measurements(st.model, subset))
+                result = fit(st.model, self.env, seen, initial=st.params, multi_start=st.params is None)
                 break
             except (FitError, ConfigError):
                 continue
-        if result is None:
+        if result is None or seen is None:
             return []
         params = result.params
         if st.params is not None and not result.offload_fitted:  # keep what the points could not inform
             params = PerfParams.from_dict({**params.as_dict(),
                                            **{k: st.params.as_dict()[k] for k in OFFLOAD_PARAMS}})
+        batch = resolve_ga(st.model, self.env, seen.batch)
         if st.params is not None and self.min_gain > 0:
-            cfgs = [p.config for p in pts]
-            times = np.asarray([p.iter_time_s for p in pts])
-            old = float(np.mean(np.abs(self._predict_with(st, st.params, cfgs) - times) / times))
-            new = float(np.mean(np.abs(self._predict_with(st, params, cfgs) - times) / times))
+            # the mean error on every point it has seen (the agreed fitting points and the kept ones)
+            times = seen.iter_time_s
+            old = float(np.mean(np.abs(t_iter(st.model, self.env, st.params, batch) - times) / times))
+            new = float(np.mean(np.abs(t_iter(st.model, self.env, params, batch) - times) / times))
             if not new < old * (1 - self.min_gain):
                 st.errors = []  # no better: keep the parameters, and wait for a new window
                 return []
-        st.params, st.version, st.errors = params, st.version + 1, []
+        bounds = None
+        if self.refit_folds > 1:
+            from .uncertainty import Uncertainty, out_of_fold
+
+            sigma, used, by = out_of_fold(st.model, self.env, seen, result, folds=self.refit_folds)
+            bounds = Uncertainty(sigma, used, by_family=by).margins() if used else None
+        st.params, st.version, st.errors, st.bounds = params, st.version + 1, [], bounds
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
-                               n_points=result.n_points, rmsle=float(result.rmsle), reason=reason)
+                               n_points=result.n_points, rmsle=float(result.rmsle), reason=reason,
+                               error_bounds=bounds)
         return [make("model.updated", payload, time=event.time, id=f"model-{key}-v{st.version}", source=NAME)]
+
+
+def clean_bounds(bounds: Mapping[str, float] | None) -> dict[str, float] | None:
+    """Error bounds as published (`modeler.uncertainty.Uncertainty.margins`), keeping only known plan families
+    (and `all`) with a finite value >= 0; None when none is left."""
+    from .uncertainty import ALL, FAMILIES
+
+    if not bounds:
+        return None
+    out = {k: float(v) for k, v in sorted(bounds.items())
+           if k in (ALL, *FAMILIES) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")}
+    return out or None
+
+
+def _batch_keys(model: ModelType, env: Environment, batch: ConfigBatch) -> list[tuple]:
+    """What the model can tell of each configuration: plan, GA resolved, batch, CPUs (under offload),
+    GPUs, nodes and the smallest node, and which groups cross nodes."""
+    b = resolve_ga(model, env, batch)
+    cols = (b.dp, b.tp, b.pp, b.zero_stage, b.offload, b.gc, b.ga_steps, b.micro_batches, b.global_batch,
+            np.where(b.offload, np.nan_to_num(b.cpus, nan=-1.0), -1.0), b.gpus, b.nodes, b.min_node_gpus, b.dp_inter, b.tp_inter, b.pp_inter)
+    return list(zip(*(c.tolist() for c in cols)))
+
+
+def _with_anchors(model: ModelType, env: Environment, anchors: Measurements | None,
+                  pts: Measurements) -> Measurements:
+    """The agreed fitting points followed by the kept ones, as one set of measurements. A fitting point
+    whose configuration the cluster measured itself is left out: the cluster's own measurements of it
+    replace it (a drift on the measured configurations is followed; the rest stays anchored)."""
+    if anchors is None:
+        return pts
+    measured = set(_batch_keys(model, env, pts.batch))
+    keep = np.array([k not in measured for k in _batch_keys(model, env, anchors.batch)], dtype=bool)
+    if not keep.any():
+        return pts
+    n, m = int(keep.sum()), len(pts.batch)
+    col = lambda x, k, sel: np.full(k, np.nan) if x is None else np.asarray(x, dtype=np.float64)[sel]  # noqa: E731
+    every = slice(None)
+    batch = ConfigBatch(**{f: np.concatenate([getattr(anchors.batch, f)[keep], getattr(pts.batch, f)])
+                           for f in anchors.batch.__dict__})
+    return Measurements(batch=batch, iter_time_s=np.concatenate([anchors.iter_time_s[keep], pts.iter_time_s]),
+                        fwd_s=np.concatenate([col(anchors.fwd_s, n, keep), col(pts.fwd_s, m, every)]),
+                        bwd_sync_s=np.concatenate([col(anchors.bwd_sync_s, n, keep), col(pts.bwd_sync_s, m, every)]),
+                        opt_s=np.concatenate([col(anchors.opt_s, n, keep), col(pts.opt_s, m, every)]))
 
 
 def _measurements(model: ModelType, pts: list[_Point]) -> Measurements:
@@ -253,24 +318,37 @@ def make_core(models_dir: Path | None = None, env_file: Path | None = None,
               fit_points: Path | None = None) -> ModelerCore:
     """The modeler core with the built-in model specs (`examples/models`), the testbed environment
     (`examples/envs/a800-8x8.yaml`) and parameters seeded from the artifact's fitting points
-    (`data/rubick-artifact/fit_points.csv`) where that file exists. Reads files; the core does not."""
+    (`data/rubick-artifact/fit_points.csv`) where that file exists, with their error bounds; those
+    points stay in every refit. Reads files; the core does not."""
     from .env import DEFAULT_ENV_FILE, load_env
     from .spec import MODELS_DIR, load_model
-    from .validate import measurements, read_table
 
     models_dir = models_dir or MODELS_DIR
     env = load_env(env_file or DEFAULT_ENV_FILE)
     models = {p.stem: load_model(p) for p in sorted(Path(models_dir).glob("*.yaml"))}
     models = {m.name: m for m in models.values()}
     fit_points = fit_points or Path(__file__).resolve().parent.parent / "data" / "rubick-artifact" / "fit_points.csv"
-    params: dict[str, PerfParams] = {}
-    if Path(fit_points).is_file():
-        rows = read_table(Path(fit_points))
-        for key in sorted(models):
-            mine = [r for r in rows if r["model"] == key]
-            if mine:
-                try:
-                    params[key] = fit(models[key], env, measurements(models[key], mine)).params
-                except (FitError, ConfigError):
-                    pass
-    return ModelerCore(models, env, params)
+    seeds = seed_fits(models, env, Path(fit_points)) if Path(fit_points).is_file() else {}
+    return ModelerCore(models, env, {k: v[0] for k, v in seeds.items()}, anchors={k: v[2] for k, v in seeds.items()},
+                       bounds={k: v[1] for k, v in seeds.items() if v[1]})
+
+
+def seed_fits(models: Mapping[str, ModelType], env: Environment,
+              fit_points: Path) -> dict[str, tuple[PerfParams, dict[str, float], Measurements]]:
+    """Per model type with fitting points in the file: (parameters, error bounds, the points)."""
+    from .uncertainty import estimate
+    from .validate import measurements, read_table
+
+    rows = read_table(fit_points)
+    out = {}
+    for key in sorted(models):
+        mine = [r for r in rows if r["model"] == key]
+        if mine:
+            try:
+                pts = measurements(models[key], mine)
+                result = fit(models[key], env, pts)
+            except (FitError, ConfigError):
+                continue
+            unc = estimate(models[key], env, pts, result, n_samples=0)
+            out[key] = (result.params, unc.margins() if unc.folds else {}, pts)
+    return out

@@ -352,6 +352,11 @@ class ModelUpdated:
     n_points: int = spec("measured points the fit used", ge=0, example=12)
     rmsle: float = spec("root mean squared log error of the fit on those points", ge=0, example=0.031)
     reason: str = spec("why it was refitted", default="", example="rolling error 12% > 10%")
+    error_bounds: dict[str, float] | None = spec(
+        "how much the new parameters' predictions may be too fast, exp(1.645 sigma) - 1 with sigma their "
+        "out-of-fold log error on the points (docs/modeler.md): under `all` the type's, and per plan family "
+        "(DP, GC, ZeRO, ZeRO-Offload, 3D) where points of it were fitted; the policy's guarantee margins for "
+        "the type; nil: not estimated", default=None, example={"all": 0.12, "DP": 0.04, "3D": 0.2})
 
 
 @dataclass(frozen=True)
@@ -489,7 +494,9 @@ class RunDescribed:
                                  example=0.1)
     models: tuple[ModelDescription, ...] = spec("the model types the cluster knows")
     params: dict[str, dict[str, float]] = spec("fitted performance-model parameters the cores start from, per "
-                                               "model type (names as in `model.updated`)",
+                                               "model type (names as in `model.updated`), each with its error bounds where "
+                                               "the fit gave them: `error_bound` (the type's) and "
+                                               "`error_bound.<plan family>`",
                                                example={"gpt2": {"k_bwd": 2.0, "k_const": 0.005}})
     cluster: str = spec("`NxG` of a simulated cluster; empty where the nodes register themselves", max_len=64,
                         default="", example="")
@@ -508,3 +515,8 @@ class RunDescribed:
                           "tier", ge=0, le=10**6, default=0, example=0)
     oversubscription: float = spec("rack uplink capacity = the rack's NIC capacity / this", ge=1, le=10**6,
                                    default=1.0, example=1.0)
+    refit_folds: int = spec("folds of the out-of-fold error a refit publishes as its error bound; 0: no bound",
+                            ge=0, le=100, default=0, example=5)
+    anchors: str = spec("digest of the agreed fitting points every refit keeps (replay.config.FIT_POINTS); "
+                        "empty: refits use the measured points only", max_len=64, default="",
+                        example="3f1c2a9b0d4e5f60")

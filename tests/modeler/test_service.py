@@ -95,6 +95,55 @@ def test_a_refit_no_better_than_the_current_fit_is_not_published(env):
     assert "model.updated" in [e.subject for e in run(eager, swinging(eager))]
 
 
+def test_a_refit_keeps_the_agreed_fitting_points_and_publishes_its_bound(env):
+    """With the fitting points as anchors, a refit fits them and the measured points together (less a
+    fitting point whose configuration the cluster measured: the measurements replace it). A drift
+    measured on plain DP moves the DP predictions; the anchors' other configurations stay closer to
+    what they say than without them. Its error bound rides on model.updated."""
+    from modeler.service import seed_fits
+    from tests.modeler.conftest import DATA
+
+    seeds = seed_fits({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, DATA / "fit_points.csv")
+    params, bounds, anchors = seeds["gpt2"]
+    # the type's bound, and one per plan family of gpt2's fitting points
+    assert set(bounds) == {"all", "DP", "GC", "ZeRO", "ZeRO-Offload", "3D"} and all(v > 0 for v in bounds.values())
+    assert bounds["DP"] < bounds["all"] < bounds["3D"]  # one pipeline point and one TP one: the least known
+    make_one = lambda **kw: ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": params},  # noqa: E731
+                                        bounds={"gpt2": bounds}, **kw)
+    anchored, loose = make_one(anchors={"gpt2": anchors}), make_one()
+    assert anchored.types["gpt2"].bounds == bounds
+    out, kept = {}, {}
+    for name, core in (("anchored", anchored), ("loose", loose)):
+        for event in drifted(core, 1.4):
+            updates = [e for e in core.handle(event) if e.subject == "model.updated"]
+            if updates:
+                out[name], kept[name] = updates[0].payload, sum(map(len, core.types["gpt2"].points.values()))
+                break
+        assert name in out
+    # gpt2's 7 fitting points less the two plain-DP ones the drift measured again (dp=4 on (4,) and dp=2
+    # on (2,)), beside the measured points
+    assert out["anchored"].n_points == kept["anchored"] + 5 and out["loose"].n_points == kept["loose"]
+    published = out["anchored"].error_bounds
+    assert published and "all" in published and published == anchored.types["gpt2"].bounds
+    # the anchors' own points: predicted closer by the anchored refit than by the one without them
+    from modeler.memory import resolve_ga
+    from modeler.perf_model import t_iter
+
+    model = load_model(MODELS / "gpt2.yaml")
+    batch = resolve_ga(model, env, anchors.batch)
+    err = {n: float(np.mean(np.abs(np.log(t_iter(model, env, c.types["gpt2"].params, batch) / anchors.iter_time_s))))
+           for n, c in (("anchored", anchored), ("loose", loose))}
+    assert err["anchored"] < err["loose"], err
+    # an adopted update brings its bound; one without a bound keeps the last
+    later = ModelUpdated(model_type="gpt2", version=50, params=params.as_dict(), n_points=9, rmsle=0.01,
+                         error_bounds={"all": 0.25, "DP": 0.05, "XL": 1.0, "GC": float("nan"), "3D": -1.0})
+    anchored.handle(make("model.updated", later, time=5000.0, id="model-gpt2-v50", source="cli"))
+    assert anchored.types["gpt2"].bounds == {"all": 0.25, "DP": 0.05}  # unknown families, NaN, negative: dropped
+    unbounded = ModelUpdated(model_type="gpt2", version=51, params=params.as_dict(), n_points=9, rmsle=0.01)
+    anchored.handle(make("model.updated", unbounded, time=5001.0, id="model-gpt2-v51", source="cli"))
+    assert anchored.types["gpt2"].bounds == {"all": 0.25, "DP": 0.05} and anchored.types["gpt2"].version == 51
+
+
 def test_first_fit_once_enough_points(env):
     core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env)
     truth = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
