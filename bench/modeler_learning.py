@@ -67,7 +67,7 @@ def main() -> None:
     t0 = time.perf_counter()
     out = simulate(cfg, trace_inputs(cfg, jobs, parts), parts)
     wall = time.perf_counter() - t0
-    params = {k: PerfParams.from_dict(v) for k, v in parts.params.items()}
+    params = parts.perf_params()
     seen = 0
     curve = []
     cells = score(parts, params, rows_by_model)

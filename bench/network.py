@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.events import Plan  # noqa: E402
 from controlplane.events.payloads import NETWORK_SETTINGS  # noqa: E402
-from modeler.perf_model import PerfParams  # noqa: E402
 from policy.network.decide import classify  # noqa: E402
 from policy.network.echelon import fsdp_offsets  # noqa: E402
 from policy.network.fluid import Pattern, Task, simulate  # noqa: E402
@@ -115,7 +114,7 @@ def seed_cases() -> dict[str, tuple[Network, list[Pattern]]]:
 def load():
     from replay.config import load_parts
     parts = load_parts()
-    return parts, {k: PerfParams.from_dict(v) for k, v in parts.params.items()}
+    return parts, parts.perf_params()
 
 
 KINDS = (  # (model, plan, GPUs per node on each of two nodes)

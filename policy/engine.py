@@ -38,6 +38,7 @@ import numpy as np
 
 from controlplane.events import Plan
 from modeler.configs import ConfigError
+from modeler.uncertainty import bound_for
 
 from .curves import Best, JobKind, PlanBook, down_table, knee, packed, slope_down, slope_up, up_table
 from .plans import canonical
@@ -197,9 +198,10 @@ class RubickEngine:
     """Host memory reserved per GPU beside the plan's own need (data loaders, pinned buffers)."""
     guarantee_margin: float = 0.1
     """A guaranteed job leaves its requested plan and resources only for a predicted throughput at
-    least this much over its reference: predictions are trusted only so far (the modeler refits a
-    type whose rolling error passes 10%). On its own request it runs its own plan unless another
-    beats it by the margin."""
+    least this much over its reference: predictions are trusted only so far. On its own request it
+    runs its own plan unless another beats it by the margin. This is the margin of a type whose fit
+    gave no error bound; where the oracle knows the type's bound (`ModelOracle.bounds`, from the fit's
+    out-of-fold error), that bound is the margin instead."""
     reasons: bool = True
     """Work out each waiting or short job's pending reason (`Outcome.pending`); off only to measure its cost."""
     hold_s: float | None = None
@@ -285,7 +287,8 @@ class RubickEngine:
         for g in range(1, inp.requested_gpus):
             place = packed(g, self.book.node_gpus)
             for c in range(1, cpg + 1):
-                if self.book.best(inp.kind, place, c).throughput >= ref * (1 + self._margin(inp.kind)):
+                best = self.book.best(inp.kind, place, c)
+                if best.throughput >= ref * (1 + self._margin(inp.kind, best.plan)):
                     return g, g * c
         return inp.requested_gpus, inp.requested_gpus * cpg
 
@@ -293,7 +296,7 @@ class RubickEngine:
         """The plan a guaranteed job runs: the predicted best (`best`, on `best.placement`, which may
         give back some of the GPUs `held`) when it beats the reference by the margin, else its own
         plan where what it holds covers its request's placement."""
-        if best.plan is None or best.throughput >= job.ref * (1 + self._margin(job.inp.kind)):
+        if best.plan is None or best.throughput >= job.ref * (1 + self._margin(job.inp.kind, best.plan)):
             return best
         if job.request is None:
             return best
@@ -306,18 +309,31 @@ class RubickEngine:
         """Whether `best` (already guarded) keeps the guarantee."""
         if best is None or best.plan is None:
             return False
-        return best is job.request or best.throughput >= job.ref * (1 + self._margin(job.inp.kind))
+        return best is job.request or best.throughput >= job.ref * (1 + self._margin(job.inp.kind, best.plan))
 
-    def _margin(self, kind: JobKind) -> float:
-        """The predicted gain a guaranteed job needs to leave its request: `guarantee_margin`, or the
-        most the oracle has seen this type's predictions overshoot the measured speed, if more."""
-        seen = getattr(self.book.oracle, "overshoot", None)
-        return max(self.guarantee_margin, seen.get(kind.model.name, 0.0)) if seen else self.guarantee_margin
+    def _margin(self, kind: JobKind, plan: Plan | None = None) -> float:
+        """The predicted gain a guaranteed job needs to leave its request for `plan`: the error bound of
+        the plan's family from the type's fit (the type's overall bound for a family it has none of,
+        `guarantee_margin` where the fit gave none), or the most the oracle has seen this type's
+        predictions overshoot the measured speed, if more."""
+        oracle = self.book.oracle
+        bound = bound_for(getattr(oracle, "bounds", {}).get(kind.model.name), plan)
+        base = self.guarantee_margin if bound is None else bound
+        seen = getattr(oracle, "overshoot", None)
+        return max(base, seen.get(kind.model.name, 0.0)) if seen else base
+
+    def _margins_key(self, kind: JobKind) -> tuple:
+        """What the type's margins depend on (a memo key)."""
+        oracle = self.book.oracle
+        bounds = getattr(oracle, "bounds", {}).get(kind.model.name)
+        seen = getattr(oracle, "overshoot", None)
+        return (tuple(sorted(bounds.items())) if bounds else None,
+                seen.get(kind.model.name, 0.0) if seen else 0.0, self.guarantee_margin)
 
     def _prepare(self, inp: JobIn) -> _Job:
         guaranteed = inp.guaranteed and not self.fixed_resources
         key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed,
-               self._margin(inp.kind) if guaranteed else 0.0)
+               self._margins_key(inp.kind) if guaranteed else None)
         cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = self.book.memo(
             inp.kind, key, lambda: self._demand(inp, guaranteed))
         return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
@@ -495,9 +511,9 @@ class RubickEngine:
         """The fewest GPUs on one node, at least its minimum, with which a running guaranteed job
         restarted now still ends before its deadline (its speed: the reference, or the predicted best
         less the type's margin where that is more); None when no node size does."""
-        margin = 1 + self._margin(v.inp.kind)
         for g in range(max(1, v.min_g), self.book.node_gpus + 1):
             best = self.book.best(v.inp.kind, (g,), self._cpg_of(v))
+            margin = 1 + self._margin(v.inp.kind, best.plan)
             if self._in_time(v, max(v.ref, best.throughput / margin if best.plan is not None else 0.0)):
                 return g
         return None

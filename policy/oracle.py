@@ -11,6 +11,8 @@ and the plans with their GA steps filled in (the fewest that fit in GPU memory).
   configuration a job ran with its prediction and keeps, per type, the most a prediction has
   overshot the measured speed (`overshoot`): the policy's guarantee margin for that type. The
   predictions themselves are left as they are (docs/policy.md says what patching them cost).
+  `bounds` holds each type's error bounds from its fit, per plan family (`modeler.uncertainty`), which
+  replace the fixed margin where they are known.
 - `TableOracle`: measured iteration times (`modeler.table.MeasuredTable`); a configuration never
   measured is unknown (`inf`). The paper's checks (Fig. 7, Fig. 8) use it.
 
@@ -31,6 +33,7 @@ from modeler.env import Environment
 from modeler.memory import feasible as memory_feasible
 from modeler.memory import host_bytes, resolve_ga
 from modeler.perf_model import PerfParams, t_iter
+from modeler.service import clean_bounds
 from modeler.spec import ModelType
 from modeler.table import MeasuredTable
 
@@ -106,6 +109,10 @@ class ModelOracle(_MemoryMixin):
     speed can be trusted (the policy's guarantee margin). It only grows."""
     measured: set = field(default_factory=set)
     """configurations compared so far: (type, global batch, placement, CPUs per GPU or None, plan)."""
+    bounds: dict[str, dict[str, float]] = field(default_factory=dict)
+    """model type -> the fitted parameters' error bounds per plan family and overall (`modeler.uncertainty`;
+    `model.updated`'s `error_bounds`): how much a prediction may be too fast. The policy's guarantee
+    margins for the type where there are some."""
 
     def version(self, model_type: str) -> int:
         return self.versions.get(model_type, 0)
@@ -136,6 +143,9 @@ class ModelOracle(_MemoryMixin):
     def update(self, upd: ModelUpdated) -> None:
         self.params[upd.model_type] = PerfParams.from_dict(dict(upd.params))
         self.versions[upd.model_type] = self.versions.get(upd.model_type, 0) + 1
+        bounds = clean_bounds(upd.error_bounds)
+        if bounds is not None:
+            self.bounds[upd.model_type] = bounds
 
     def evaluate_many(self, model: ModelType, global_batch: int,
                       items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]:
@@ -176,4 +186,5 @@ def from_modeler(modeler) -> tuple["ModelOracle", dict[str, ModelType]]:
     parameters at start); later refits arrive as `model.updated` events."""
     params = {k: st.params for k, st in sorted(modeler.types.items()) if st.params is not None}
     models = {k: st.model for k, st in sorted(modeler.types.items())}
-    return ModelOracle(env=modeler.env, params=params), models
+    bounds = {k: dict(st.bounds) for k, st in sorted(modeler.types.items()) if st.bounds}
+    return ModelOracle(env=modeler.env, params=params, bounds=bounds), models

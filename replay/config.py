@@ -18,7 +18,7 @@ from controlplane.admission import AdmissionCore
 from controlplane.events import Event, NodeRegistered, make
 from controlplane.events.payloads import NETWORK_SETTINGS
 from modeler.env import DEFAULT_ENV_FILE, Environment, load_env
-from modeler.fit import FitError, fit
+from modeler.fit import FitError
 from modeler.configs import ConfigError
 from modeler.perf_model import PerfParams
 from modeler.predictor import ModelPredictor
@@ -73,6 +73,11 @@ class RunConfig:
     """nodes per rack behind the core (0: one non-blocking tier)"""
     oversubscription: float = 1.0
     """rack uplink capacity = the rack's NIC capacity / this"""
+    refit_folds: int = 5
+    """see `modeler.service.ModelerCore`: folds of the out-of-fold error a refit publishes as its bound"""
+    anchors: str = field(default_factory=lambda: fit_points_digest())
+    """digest of the agreed fitting points (`FIT_POINTS`) every online refit keeps beside the measured
+    points; "" = refits on the measured points only"""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -88,6 +93,8 @@ class RunConfig:
         values.setdefault("batch_s", 0.0)  # runs recorded before batching existed ran a round on every event
         values.setdefault("hold_s", 0.0)  # ... and held no job
         values.setdefault("refit_min_gain", 0.0)  # ... and published every refit
+        values.setdefault("refit_folds", 0)  # ... without an error bound
+        values.setdefault("anchors", "")  # ... on the measured points alone
         return RunConfig(**values)
 
 
@@ -127,12 +134,60 @@ def _digest(paths: list[Path]) -> str:
 
 
 _FITTED: dict[str, dict[str, dict[str, float]]] = {}
+BOUND_KEY = "error_bound"
+"""Where a type's starting parameters carry their error bounds (`modeler.uncertainty.Uncertainty.margins`):
+`error_bound` the type's, `error_bound.<plan family>` each family's."""
+
+
+def bound_key(family: str) -> str:
+    from modeler.uncertainty import ALL
+
+    return BOUND_KEY if family == ALL else f"{BOUND_KEY}.{family}"
+
+
+def _is_bound(name: str) -> bool:
+    return name == BOUND_KEY or name.startswith(BOUND_KEY + ".")
+_ANCHORS: dict[tuple, dict] = {}
+
+
+def fit_points_digest(path: Path | None = None) -> str:
+    """The first 16 hex digits of the fitting points' sha256 (`FIT_POINTS` by default; "" where the file
+    is missing)."""
+    try:
+        return hashlib.sha256(Path(path or FIT_POINTS).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def fit_anchors(digest: str, models: Mapping[str, ModelType]) -> dict:
+    """The agreed fitting points per model type, as `modeler.fit.Measurements`, that a run's refits keep
+    (none for ""). ValueError when this checkout's `FIT_POINTS` is not the file the run recorded."""
+    if not digest:
+        return {}
+    if fit_points_digest() != digest:
+        raise ValueError(f"the run's refits kept the fitting points {digest}, but {FIT_POINTS} is "
+                         f"{fit_points_digest() or 'missing'}: replay it with the checkout that recorded it")
+    key = (digest, tuple(sorted((k, m.allow_tp_across_nodes) for k, m in models.items())))
+    if key not in _ANCHORS:
+        from modeler.validate import measurements, read_table
+
+        rows = read_table(FIT_POINTS)
+        out = {}
+        for name in sorted(models):
+            mine = [r for r in rows if r["model"] == name]
+            if mine:
+                try:
+                    out[name] = measurements(models[name], mine)
+                except (FitError, ConfigError):
+                    pass
+        _ANCHORS[key] = out
+    return _ANCHORS[key]
 
 
 def fitted_params(models: Mapping[str, ModelType], env: Environment, *, cache_dir: Path | None = None,
                   env_file: Path = DEFAULT_ENV_FILE) -> dict[str, dict[str, float]]:
     """Parameters fitted on the artifact's fit_points for every model (what `modeler.service.make_core`
-    seeds its core with). Fitting takes seconds, so the result is cached in this process and, where
+    seeds its core with), each with its error bound under `BOUND_KEY`. Fitting takes seconds, so the result is cached in this process and, where
     `cache_dir` is given, on disk under a key of every input file and the modeler's source."""
     inputs = [FIT_POINTS, env_file, *sorted(MODELS_DIR.glob("*.yaml")), *sorted((ROOT / "modeler").glob("*.py"))]
     key = _digest(inputs)
@@ -145,17 +200,11 @@ def fitted_params(models: Mapping[str, ModelType], env: Environment, *, cache_di
             return _FITTED[key]
         except (OSError, ValueError):
             pass
-    from modeler.validate import measurements, read_table
+    from modeler.service import seed_fits
 
-    rows = read_table(FIT_POINTS)
     out: dict[str, dict[str, float]] = {}
-    for name in sorted(models):
-        mine = [r for r in rows if r["model"] == name]
-        if mine:
-            try:
-                out[name] = fit(models[name], env, measurements(models[name], mine)).params.as_dict()
-            except (FitError, ConfigError):
-                pass
+    for name, (params, bounds, _) in seed_fits(models, env, FIT_POINTS).items():
+        out[name] = {**params.as_dict(), **{bound_key(k): v for k, v in sorted(bounds.items())}}
     _FITTED[key] = out
     if path is not None:
         try:
@@ -187,8 +236,28 @@ class Parts:
 
     def predictor(self) -> ModelPredictor:
         """A fresh predictor on the starting parameters (each user gets its own: cores mutate theirs)."""
-        return ModelPredictor(self.env, dict(self.models),
-                              {k: PerfParams.from_dict(v) for k, v in sorted(self.params.items())})
+        return ModelPredictor(self.env, dict(self.models), self.perf_params())
+
+    def perf_params(self) -> dict[str, PerfParams]:
+        """The starting parameters per model type (without their error bounds)."""
+        return {k: PerfParams.from_dict({n: x for n, x in v.items() if not _is_bound(n)})
+                for k, v in sorted(self.params.items())}
+
+    @property
+    def bounds(self) -> dict[str, dict[str, float]]:
+        """The starting parameters' error bounds per model type (`modeler.uncertainty.Uncertainty.margins`),
+        where the fit gave them (runs recorded before bounds existed have none: the policy's fixed margin
+        applies)."""
+        from modeler.service import clean_bounds
+        from modeler.uncertainty import ALL
+
+        out = {}
+        for k, v in sorted(self.params.items()):
+            found = {(ALL if n == BOUND_KEY else n[len(BOUND_KEY) + 1:]): x for n, x in v.items() if _is_bound(n)}
+            bounds = clean_bounds(found)
+            if bounds:
+                out[k] = bounds
+        return out
 
 
 def load_parts(params: Mapping[str, Mapping[str, float]] | None = None, cache_dir: Path | None = None,
@@ -216,7 +285,7 @@ def network_core(cfg: RunConfig, parts: Parts) -> Any:
     from policy.network.core import NetworkCore
 
     return NetworkCore(cfg.network, dict(parts.models), parts.env,
-                       {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
+                       parts.perf_params(),
                        classes=cfg.network_classes, rack_size=cfg.rack_size, oversubscription=cfg.oversubscription)
 
 
@@ -226,7 +295,7 @@ def fabric(cfg: RunConfig, parts: Parts, nodes: list[str]) -> Any:
         return None
     from agents.fabric import Fabric
 
-    return Fabric(dict(parts.models), parts.env, {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
+    return Fabric(dict(parts.models), parts.env, parts.perf_params(),
                   tuple(nodes), rack_size=cfg.rack_size, oversubscription=cfg.oversubscription)
 
 
@@ -236,7 +305,7 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
     from policy.registry import make_policy
 
     if cfg.oracle == "model":
-        oracle = ModelOracle(env=parts.env, params={k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())})
+        oracle = ModelOracle(env=parts.env, params=parts.perf_params(), bounds=parts.bounds)
     elif cfg.oracle == "table":
         oracle = TableOracle(env=parts.env, table=parts.table)
     else:
@@ -260,9 +329,9 @@ def policy_names() -> tuple[str, ...]:
 def control_cores(cfg: RunConfig, parts: Parts, policy_factory: PolicyFactory | None = None) -> list[Any]:
     """Admission, modeler and policy: the control plane's cores, in delivery order."""
     factory = policy_factory or registry_policy
-    modeler = ModelerCore(parts.models, parts.env,
-                          {k: PerfParams.from_dict(v) for k, v in sorted(parts.params.items())},
-                          min_gain=cfg.refit_min_gain)
+    modeler = ModelerCore(parts.models, parts.env, parts.perf_params(), min_gain=cfg.refit_min_gain,
+                          anchors=fit_anchors(cfg.anchors, parts.models), bounds=parts.bounds,
+                          refit_folds=cfg.refit_folds)
     cores = [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
     net = network_core(cfg, parts)
     return cores if net is None else [*cores, net]

@@ -45,6 +45,7 @@ def run_guaranteed_gpt2(core, c, job_id):
 
 def test_a_measured_overshoot_keeps_a_guaranteed_job_on_its_own_request():
     core = core_for("rubick")
+    core.oracle.bounds.clear()  # the fixed margin, not the fit's bound: only the measured overshoot at play
     c = Clock()
     for n in ("n0", "n1"):
         core.handle(c.ev("node.registered", node(n)))
@@ -79,3 +80,41 @@ def test_a_guaranteed_job_is_packed_on_the_node_it_can_have_whole_not_split_over
     assert got.reason == "guarantee" and "quota" not in got.detail
     assert [g for g, _, _ in got.shares.values()] == [8] and got.plan == GPT2_8
     assert next(iter(got.shares)) != free_node  # it took b's node whole rather than 4 + 4 over two nodes
+
+
+def test_the_fits_error_bound_is_the_guarantee_margin_in_place_of_the_fixed_one():
+    """The bound of the plan family from the type's fit (`model.updated`'s error_bounds, or the seeded
+    ones) decides how much a predicted gain a guaranteed job needs: below its gain it moves, above it
+    it stays. A family without a bound of its own takes the type's."""
+    from controlplane.events import ModelUpdated
+    from modeler.uncertainty import plan_family
+
+    probe = core_for("rubick")
+    probe.oracle.bounds.clear()
+    c = Clock()
+    for n in ("n0", "n1"):
+        probe.handle(c.ev("node.registered", node(n)))
+    moved = run_guaranteed_gpt2(probe, c, "g0")
+    gain = float(moved.detail["normalised"]) - 1.0
+    assert gain > 0.1  # the fixed 10% margin lets it move
+    family = plan_family(moved.plan)
+
+    def with_bounds(bounds):
+        core = core_for("rubick")
+        assert core.oracle.bounds["gpt2"]["all"] > 0  # seeded from the fit on fit_points.csv
+        c = Clock()
+        for n in ("n0", "n1"):
+            core.handle(c.ev("node.registered", node(n)))
+        upd = ModelUpdated(model_type="gpt2", version=1, params=core.oracle.params["gpt2"].as_dict(), n_points=7,
+                           rmsle=0.01, error_bounds=bounds)
+        core.handle(c.ev("model.updated", upd))
+        assert core.oracle.bounds["gpt2"] == bounds
+        return run_guaranteed_gpt2(core, c, "g1")
+
+    def stayed(d):
+        return [s.gpus for s in d.allocation] == [8] and d.plan == GPT2_8 and d.reason == "guarantee"
+
+    assert stayed(with_bounds({"all": 0.01, family: gain * 1.2}))  # its plan's family may be off by more
+    assert not stayed(with_bounds({"all": gain * 1.2, family: gain * 0.5}))
+    assert stayed(with_bounds({"all": gain * 1.2}))  # no bound of its family: the type's
+    assert not stayed(with_bounds({"all": gain * 0.5}))

@@ -12,7 +12,6 @@ from agents.fabric import Fabric, Running
 from agents.simulated import SimulatedAgents
 from controlplane.events import Decision, JobSubmitted, ModelRef, NodeShare, Plan, PlanDecided, make
 from controlplane.events.payloads import JobNetwork, NetworkDecided
-from modeler.perf_model import PerfParams
 from replay.config import RunConfig
 from replay.run import ground_truth, simulate, trace_inputs
 from replay.verify import verify
@@ -22,7 +21,7 @@ from .test_simulate import jobs_of
 
 
 def _fabric(parts, nodes=("n0", "n1")) -> Fabric:
-    return Fabric(dict(parts.models), parts.env, {k: PerfParams.from_dict(v) for k, v in parts.params.items()},
+    return Fabric(dict(parts.models), parts.env, parts.perf_params(),
                   tuple(nodes))
 
 

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from controlplane.events import decode, encode
-from replay.config import RunConfig
+from replay.config import RunConfig, load_parts
 from replay.run import simulate, trace_inputs
 from replay.verify import format_result, verify
 from replay.whatif import what_if
@@ -158,6 +158,34 @@ def test_runs_recorded_before_batching_and_holding_are_rebuilt_without_them():
     assert RunConfig.from_json(RunConfig(policy="rubick").to_json()) == RunConfig(policy="rubick")
 
 
+def test_runs_recorded_before_error_bounds_refit_without_anchors_or_bounds(tmp_path, monkeypatch):
+    from replay import config as run_config
+    from replay.config import Parts, control_cores, fit_anchors, fit_points_digest
+
+    new = RunConfig(policy="rubick")
+    assert new.anchors == fit_points_digest() != "" and new.refit_folds == 5
+    old = new.to_json()
+    del old["anchors"], old["refit_folds"]
+    cfg = RunConfig.from_json(old)
+    assert cfg.anchors == "" and cfg.refit_folds == 0
+    parts = load_parts()
+    assert parts.bounds and all(b["all"] > 0 for b in parts.bounds.values())  # seeded from the fit
+    assert parts.params["gpt2"]["error_bound.DP"] == parts.bounds["gpt2"]["DP"]
+    unbounded = Parts(parts.models, parts.env, parts.table,
+                      {k: {n: x for n, x in v.items() if not n.startswith("error_bound")} for k, v in parts.params.items()})
+    assert unbounded.bounds == {} and unbounded.perf_params() == parts.perf_params()
+    modeler = next(c for c in control_cores(cfg, unbounded) if c.name == "modeler")
+    assert all(st.anchors is None and st.bounds is None for st in modeler.types.values())
+    modeler = next(c for c in control_cores(new, parts) if c.name == "modeler")
+    assert modeler.types["gpt2"].anchors is not None and modeler.types["gpt2"].bounds == parts.bounds["gpt2"]
+    # a run whose fitting points are not this checkout's is refused, with both digests named
+    changed = tmp_path / "fit_points.csv"
+    changed.write_text(run_config.FIT_POINTS.read_text() + "\n")
+    monkeypatch.setattr(run_config, "FIT_POINTS", changed)
+    with pytest.raises(ValueError, match=f"kept the fitting points {new.anchors}, but .* is {fit_points_digest()}"):
+        fit_anchors(new.anchors, parts.models)
+
+
 def _change_answers(d, changes):
     """Rewrite recorded answers in place: {subject: (which one of them, payload field, new value from old)}."""
     [path] = sorted(d.glob("*.parquet"))
@@ -190,7 +218,7 @@ def test_cores_checked_in_parallel_processes_give_the_result_of_one(recorded, tm
     updated = frame.filter(pl.col("subject") == "model.updated")["seq"].to_list()
     decided = frame.filter(pl.col("subject") == "plan.decided")["seq"].to_list()
     assert updated, "the recorded run has no refit to change"
-    before, after = [s for s in decided if s < updated[0]], [s for s in decided if s > updated[-1]]
+    before, after = [s for s in decided if s < updated[0]], [s for s in decided if s > updated[0]]
     which = decided.index(after[0] if first == "model.updated" else before[-1])
     targets = _change_answers(d, {"model.updated": (0, "rmsle", lambda r: r + 1.0),
                                   "plan.decided": (which, "round", lambda r: r + 100)})

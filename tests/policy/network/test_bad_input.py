@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from controlplane.events import Plan
-from modeler.perf_model import PerfParams
 from policy.network.echelon import EchelonFlow, Flow, tardiness
 from policy.network.fluid import Pattern, Task, simulate
 from policy.network.pattern import iteration_pattern, timing
@@ -98,7 +97,7 @@ def test_a_flow_naming_an_unknown_node_is_refused():
 def gpt2():
     parts = load_parts()
     m = parts.models["gpt2"]
-    pp = PerfParams.from_dict(parts.params["gpt2"])
+    pp = parts.perf_params()["gpt2"]
     return parts, m, pp, parts.batches["gpt2"]
 
 

@@ -6,7 +6,6 @@ import pytest
 
 from controlplane.events import (Decision, JobCompleted, JobSubmitted, ModelRef, ModelUpdated, NodeRegistered,
                                  NodeShare, Plan, PlanDecided, decode, encode, make)
-from modeler.perf_model import PerfParams
 from policy.network.core import NetworkCore
 from replay.config import load_parts
 
@@ -18,7 +17,7 @@ def parts(tmp_path_factory):
 
 def core(parts, mode="echelonflow", classes=4) -> NetworkCore:
     return NetworkCore(mode, dict(parts.models), parts.env,
-                       {k: PerfParams.from_dict(v) for k, v in parts.params.items()}, classes=classes)
+                       parts.perf_params(), classes=classes)
 
 
 def ev(subject, payload, t=0.0, n=[0]):
@@ -101,7 +100,7 @@ def test_a_refit_changes_the_compute_times_the_arrangement_is_built_from(parts):
         return max(t.duration for p in c.patterns() if p.job == job for t in p.tasks if not t.is_flow)
 
     before = longest_compute("dp")
-    params = dict(parts.params["gpt2"])
+    params = parts.perf_params()["gpt2"].as_dict()
     params["k_bwd"] = params["k_bwd"] * 3
     out = c.handle(ev("model.updated", ModelUpdated(model_type="gpt2", version=2, params=params, n_points=9, rmsle=0.1)))
     assert all(e.base == "network.decided" for e in out)  # published only if an order changed
