@@ -7,7 +7,8 @@
   gives T_fwd = t_p * g_p / p * (m + p - 1), i.e. the full-model time per micro-batch and stage
   times (m + p - 1). GA runs `a` forward/backward passes of 1/a of the batch each. Plans with
   t * p > 1 run on the tensor/pipeline engine, whose compute is scaled by k_3d.
-- T_bwd = k_bwd * T_fwd, plus one extra forward under gradient checkpointing (GC).
+- T_bwd = k_bwd * T_fwd, plus one extra forward under gradient checkpointing (GC), except under
+  ZeRO-Offload (docs/modeler.md, extension 11).
 - Communication T = V / B with the bottleneck bandwidth of the placement: NVLink when the group
   stays inside one node, the inter-node link when it crosses nodes (the NICs a group reaches,
   shared by the t tensor-parallel ranks of a node; `Environment.b_inter_rails`).
@@ -151,7 +152,9 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     engine = np.where(t * p > 1, params.k_3d, 1.0)
     t_fwd = engine * (model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p))
     t_fwd_step = t_fwd / a
-    t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc, t_fwd_step, 0.0)
+    # GC recomputes the forward in the backward; not under ZeRO-Offload, where the measured "+GC" runs show
+    # no recompute (docs/modeler.md, extension 11)
+    t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc & ~batch.offload, t_fwd_step, 0.0)
 
     # communication volumes (bytes) over the bottleneck bandwidth of the placement
     v_dp = GRAD_BYTES * P * 2.0 * (d - 1.0) / (d * t * p)
