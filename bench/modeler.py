@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/modeler.py [--runs 7] [--batch 1000000]
 
-Fit: each model of data/rubick-artifact/fit_points.csv, median of --runs fits (target < 0.2 s).
+Fit: each model of data/rubick-artifact/fit_points.csv, median of --runs fits (target < 0.2 s), and
+beside it the error bound `rubick model fit` adds (`modeler.uncertainty.estimate`: out-of-fold folds and
+16 bootstrap refits) and the folds alone (what `make_core` and the simulator compute).
 Prediction: `ModelPredictor.predict` (iteration time + memory feasibility) over a prebuilt batch of
 --batch configurations (plans x placements on the 8x8 testbed), median of --runs passes
 (target >= 1,000,000 configurations/s).
@@ -27,6 +29,7 @@ from modeler.env import load_env  # noqa: E402
 from modeler.fit import fit  # noqa: E402
 from modeler.predictor import ModelPredictor  # noqa: E402
 from modeler.spec import load_model  # noqa: E402
+from modeler.uncertainty import estimate  # noqa: E402
 from modeler.validate import MODEL_KEYS, measurements, read_table  # noqa: E402
 
 
@@ -53,17 +56,24 @@ def main() -> int:
     env = load_env(ROOT / "examples" / "envs" / "a800-8x8.yaml")
     rows = read_table(ROOT / "data" / "rubick-artifact" / "fit_points.csv")
     predictor = ModelPredictor(env)
-    print(f"fit time per model (median of {args.runs} runs):")
+    print(f"fit time per model (median of {args.runs} runs), and the error bound's beside it:")
     for key in MODEL_KEYS:
         model = load_model(ROOT / "examples" / "models" / f"{key}.yaml")
         pts = measurements(model, [r for r in rows if r["model"] == key])
-        times = []
+        times, full, folds = [], [], []
         for _ in range(args.runs):
             t0 = time.perf_counter()
             res = fit(model, env, pts)
             times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            estimate(model, env, pts, res)
+            full.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            estimate(model, env, pts, res, n_samples=0)
+            folds.append(time.perf_counter() - t0)
         predictor.set_model(model, res.params)
-        print(f"  {key:<8} {statistics.median(times) * 1e3:8.1f} ms   ({len(pts.batch)} points)")
+        print(f"  {key:<8} {statistics.median(times) * 1e3:8.1f} ms   ({len(pts.batch)} points)   error bound "
+              f"{statistics.median(full) * 1e3:6.1f} ms (folds alone {statistics.median(folds) * 1e3:5.1f} ms)")
 
     model = predictor.models["gpt2"]
     placements = [(g,) for g in range(1, 9)] + [(8,) * n for n in range(2, 9)] + [(4,) * n for n in range(2, 9)]
