@@ -337,18 +337,14 @@ def seed_fits(models: Mapping[str, ModelType], env: Environment,
               fit_points: Path) -> dict[str, tuple[PerfParams, dict[str, float], Measurements]]:
     """Per model type with fitting points in the file: (parameters, error bounds, the points)."""
     from .uncertainty import estimate
-    from .validate import measurements, read_table
+    from .validate import points_by_model
 
-    rows = read_table(fit_points)
     out = {}
-    for key in sorted(models):
-        mine = [r for r in rows if r["model"] == key]
-        if mine:
-            try:
-                pts = measurements(models[key], mine)
-                result = fit(models[key], env, pts)
-            except (FitError, ConfigError):
-                continue
-            unc = estimate(models[key], env, pts, result, n_samples=0)
-            out[key] = (result.params, unc.margins() if unc.folds else {}, pts)
+    for key, pts in points_by_model(models, fit_points).items():
+        try:
+            result = fit(models[key], env, pts)
+        except FitError:
+            continue
+        unc = estimate(models[key], env, pts, result, n_samples=0)
+        out[key] = (result.params, unc.margins() if unc.folds else {}, pts)
     return out

@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import polars as pl
 
-from .configs import ConfigBatch, batch_from_records, measured_times
+from .configs import ConfigBatch, ConfigError, batch_from_records, measured_times
 from .env import Environment
-from .fit import FitResult, Measurements, fit
+from .fit import FitError, FitResult, Measurements, fit
 from .memory import resolve_ga
 from .perf_model import PerfParams, t_iter
 from .spec import ModelType, load_model
@@ -84,6 +84,21 @@ def measurements(model: ModelType, records: list[dict[str, Any]], labels: list[i
         bws = np.where(fwd > 0, bws, np.nan)
     return Measurements(batch=batch, iter_time_s=measured_times(records), fwd_s=fwd, bwd_sync_s=bws,
                         opt_s=_ms(records, "optimize_ms"), labels=None if labels is None else tuple(labels))
+
+
+def points_by_model(models: Mapping[str, ModelType], path: Path) -> dict[str, Measurements]:
+    """The measured points of a fit table per model type (types without rows, or with a row the table
+    cannot give, left out)."""
+    rows = read_table(path)
+    out = {}
+    for key in sorted(models):
+        mine = [r for r in rows if r["model"] == key]
+        if mine:
+            try:
+                out[key] = measurements(models[key], mine)
+            except (FitError, ConfigError):
+                continue
+    return out
 
 
 def duplicate_key(rec: dict[str, Any]) -> tuple[str, ...]:

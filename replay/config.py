@@ -18,8 +18,6 @@ from controlplane.admission import AdmissionCore
 from controlplane.events import Event, NodeRegistered, make
 from controlplane.events.payloads import NETWORK_SETTINGS
 from modeler.env import DEFAULT_ENV_FILE, Environment, load_env
-from modeler.fit import FitError
-from modeler.configs import ConfigError
 from modeler.perf_model import PerfParams
 from modeler.predictor import ModelPredictor
 from modeler.service import ModelerCore
@@ -169,18 +167,9 @@ def fit_anchors(digest: str, models: Mapping[str, ModelType]) -> dict:
                          f"{fit_points_digest() or 'missing'}: replay it with the checkout that recorded it")
     key = (digest, tuple(sorted((k, m.allow_tp_across_nodes) for k, m in models.items())))
     if key not in _ANCHORS:
-        from modeler.validate import measurements, read_table
+        from modeler.validate import points_by_model
 
-        rows = read_table(FIT_POINTS)
-        out = {}
-        for name in sorted(models):
-            mine = [r for r in rows if r["model"] == name]
-            if mine:
-                try:
-                    out[name] = measurements(models[name], mine)
-                except (FitError, ConfigError):
-                    pass
-        _ANCHORS[key] = out
+        _ANCHORS[key] = points_by_model(models, FIT_POINTS)
     return _ANCHORS[key]
 
 
