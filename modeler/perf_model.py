@@ -172,8 +172,11 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
     # backward and parameter all-gather after the step; under offload all of it inside T_oo
     half = 0.5 * t_comm_dp
+    # DeepSpeed's stage 1-2 reduce runs as one reduce per destination rank, each of which carries its
+    # whole slice over every link of the chain: d / (d - 1) times a ring reduce-scatter's traffic
+    reduce = half * d / np.maximum(d - 1.0, 1.0)
     stage3 = batch.zero_stage == 3
-    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, half), t_comm_dp))
+    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, reduce), t_comm_dp))
     t_ag = np.where(zero & ~off & ~stage3, half, 0.0)
     t_ag_fwd = np.where(stage3, half, 0.0)
 
