@@ -17,7 +17,8 @@
   T_tp is scaled by k_tp, and each of the m + p - 1 steps of the tensor/pipeline engine's schedule
   adds k_pp seconds (t * p > 1; with p = 1 that is one step per micro-batch).
 - DP synchronisation: plain DP all-reduces the gradients during the backward (T_sync = T_dp).
-  ZeRO stages 1-2 reduce-scatter them during the backward (half the volume) and all-gather the
+  ZeRO stages 1-2 reduce them during the backward (half the volume, as one reduce per destination
+  rank, d / (d - 1) times a ring reduce-scatter's traffic; not under ZeRO-Offload) and all-gather the
   updated 16-bit parameters after the optimizer step (the other half, T_ag, on the critical path);
   stage 3 also all-gathers the parameters for the forward and again for the backward. Under
   ZeRO-Offload the synchronisation overlaps the offload traffic inside T_oo (as the appendix has it)
