@@ -17,7 +17,8 @@
   T_tp is scaled by k_tp, and each of the m + p - 1 steps of the tensor/pipeline engine's schedule
   adds k_pp seconds (t * p > 1; with p = 1 that is one step per micro-batch).
 - DP synchronisation: plain DP all-reduces the gradients during the backward (T_sync = T_dp).
-  ZeRO stages 1-2 reduce-scatter them during the backward (half the volume) and all-gather the
+  ZeRO stages 1-2 reduce them during the backward (half the volume, as one reduce per destination
+  rank, d / (d - 1) times a ring reduce-scatter's traffic; not under ZeRO-Offload) and all-gather the
   updated 16-bit parameters after the optimizer step (the other half, T_ag, on the critical path);
   stage 3 also all-gathers the parameters for the forward and again for the backward. Under
   ZeRO-Offload the synchronisation overlaps the offload traffic inside T_oo (as the appendix has it)
@@ -172,8 +173,11 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
     # backward and parameter all-gather after the step; under offload all of it inside T_oo
     half = 0.5 * t_comm_dp
+    # DeepSpeed's stage 1-2 reduce runs as one reduce per destination rank, each of which carries its
+    # whole slice over every link of the chain: d / (d - 1) times a ring reduce-scatter's traffic
+    reduce = half * d / np.maximum(d - 1.0, 1.0)
     stage3 = batch.zero_stage == 3
-    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, half), t_comm_dp))
+    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, reduce), t_comm_dp))
     t_ag = np.where(zero & ~off & ~stage3, half, 0.0)
     t_ag_fwd = np.where(stage3, half, 0.0)
 
