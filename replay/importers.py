@@ -31,10 +31,13 @@ ARTIFACT_REQUIRED = ("name", "submission_time", "application", "num_gpus", "exec
 PAI_COLUMNS = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
                "plan_gpu", "gpu_type")
 PAI_MODELS = ("vit", "roberta", "bert", "t5", "gpt2")
+"""Model types a PAI job may become (each has measured ZeRO-DP rows on 1, 2, 4 and 8 GPUs of one node)."""
 PAI_MAX_GPUS = 8
 """A PAI job runs on one 8-GPU node at most (the models' measured rows); one asking for more is capped,
 and counted (`Trace.capped`)."""
-"""Model types a PAI job may become (each has measured ZeRO-DP rows on 1, 2, 4 and 8 GPUs of one node)."""
+PAI_MAX_CPUS = 96
+"""CPUs of one node of the testbed (`replay.config.NODE_CPUS`): a job's CPU request is cut to its share
+of the GPUs it keeps, then to one node, and counted (`Trace.capped`) where that cut it."""
 
 IterTime = Callable[[str, Plan, int], "float | None"]
 """(model, plan, gpus on one node) -> seconds per iteration, or None if unknown."""
@@ -250,7 +253,9 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     - only tasks with status `Terminated` that asked for GPUs (`plan_gpu` > 0, in percent of one GPU)
       are replayed; the others are listed in `Trace.filtered`, never as bad;
     - a job's GPUs = ceil(sum over its tasks of inst_num * plan_gpu / 100), rounded up to a power of
-      two and capped at one 8-GPU node (each capped job listed in `Trace.capped`); its submission = its
+      two and capped at one 8-GPU node; its CPUs = ceil(sum of inst_num * plan_cpu / 100), cut to the
+      share of the GPUs it keeps and to one node's 96 (each job cut listed in `Trace.capped`); its
+      submission = its
       earliest task start, its duration =
       latest end - earliest start;
     - its model is `pai_model(job_name)`, its plan ZeRO-DP over all its GPUs (measured for every
@@ -304,16 +309,20 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     for name, g in sorted(groups.items(), key=lambda kv: (kv[1]["submit"], kv[0])):
         asked = max(1, math.ceil(g["gpus"] - 1e-9))
         gpus = min(PAI_MAX_GPUS, 1 << (asked - 1).bit_length())
-        if asked > PAI_MAX_GPUS:
-            capped.append(TraceProblem(g["line"], f"capped: job {name} asked for {asked} GPUs, replayed on "
-                                                  f"{PAI_MAX_GPUS} (one node)"))
+        asked_cpus = max(0, math.ceil(g["cpus"] - 1e-9))
+        cpus = min(PAI_MAX_CPUS, math.ceil(asked_cpus * min(1.0, gpus / asked) - 1e-9))
+        if asked > PAI_MAX_GPUS or cpus < asked_cpus:
+            what = (f"{asked} GPUs and {asked_cpus} CPUs, replayed on {gpus} and {cpus}" if cpus < asked_cpus
+                    else f"{asked} GPUs, replayed on {gpus}")
+            capped.append(TraceProblem(g["line"], f"capped: job {name} asked for {what} (one node: "
+                                                  f"{PAI_MAX_GPUS} GPUs, {PAI_MAX_CPUS} CPUs)"))
         model = pai_model(name)
         plan = Plan(dp=gpus, zero_stage=2)
         duration = g["end"] - g["start"]
         t = iter_time(model, plan, gpus) if iter_time is not None else None
         steps = max(1, round(duration / t)) if t else max(1, round(duration))
         jobs.append(TraceJob(line=g["line"], name=name, submit_s=g["submit"] - t0, model=model, gpus=gpus,
-                             cpus=max(0, math.ceil(g["cpus"])), plan=plan, steps=steps,
+                             cpus=cpus, plan=plan, steps=steps,
                              tenant=_tenant(g["user"]), duration_s=duration))
     trace = _finish(path, "pai", jobs, problems, batches, on_bad)
     trace.filtered = filtered

@@ -27,8 +27,19 @@ def test_a_job_over_one_node_is_capped_and_counted(tmp_path, parts):
                           "small,worker,2,Terminated,1705300,1706000,600,29,100,V100"])
     trace = read_trace(path, parts.batches)
     assert {j.name: j.gpus for j in trace.jobs} == {"big": 8, "small": 2}
+    # its CPUs (65 x 6) follow its GPUs: 390 * 8 / 65 = 48, within a node; the small job keeps its 12
+    assert {j.name: j.cpus for j in trace.jobs} == {"big": 48, "small": 12}
     [capped] = trace.capped
-    assert capped.line == 2 and "asked for 65 GPUs, replayed on 8" in capped.reason
+    assert capped.line == 2 and "asked for 65 GPUs and 390 CPUs, replayed on 8 and 48" in capped.reason
+
+
+def test_a_cpu_request_over_one_node_is_cut_to_it_and_counted(tmp_path, parts):
+    path = pai(tmp_path, ["cpuheavy,worker,4,Terminated,1705270,1708870,3000,29,100,V100",
+                          "fits,worker,4,Terminated,1705300,1706000,2400,29,100,V100"])
+    trace = read_trace(path, parts.batches)
+    assert {j.name: (j.gpus, j.cpus) for j in trace.jobs} == {"cpuheavy": (4, 96), "fits": (4, 96)}
+    [capped] = trace.capped
+    assert capped.line == 2 and "asked for 4 GPUs and 120 CPUs, replayed on 4 and 96" in capped.reason
 
 
 def test_times_in_messages_are_written_out(tmp_path, parts):
