@@ -255,9 +255,7 @@ def read_pai(path: str | Path, batches: Mapping[str, int], *, on_bad: str = "ref
     - a job's GPUs = ceil(sum over its tasks of inst_num * plan_gpu / 100), rounded up to a power of
       two and capped at one 8-GPU node; its CPUs = ceil(sum of inst_num * plan_cpu / 100), cut to the
       share of the GPUs it keeps and to one node's 96 (each job cut listed in `Trace.capped`); its
-      submission = its
-      earliest task start, its duration =
-      latest end - earliest start;
+      submission = its earliest task start, its duration = latest end - earliest start;
     - its model is `pai_model(job_name)`, its plan ZeRO-DP over all its GPUs (measured for every
       PAI_MODELS type on 1, 2, 4 and 8 GPUs), its steps = duration / measured iteration time
       (at least 1);
