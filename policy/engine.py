@@ -44,6 +44,8 @@ from .curves import Best, JobKind, PlanBook, down_table, knee, packed, slope_dow
 from .plans import canonical
 
 EPS = 1e-9
+MAX_HOLD_FACTOR = 16
+"""The longest hold is this many times `RubickEngine.hold_s` (about 40 minutes at the default 156 s)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class JobIn:
     """seconds since submission (a guaranteed job's deadline is its reference time from then)."""
     changed_s: float = math.inf
     """seconds since a decision last changed its allocation or plan (inf: never)."""
+    recent_changes: int = 0
+    """decisions that changed its allocation or plan within the engine's `hold_backoff_s` (the last one
+    included)."""
     ref_iter_s: float = math.inf
     """the measured seconds per iteration of its requested plan on its requested GPUs (inf: not
     measured); a guaranteed job's deadline is counted from the faster of it and the prediction."""
@@ -210,6 +215,11 @@ class RubickEngine:
     take from it. Every change costs a restart, and without a floor a stream of short jobs restarts
     a long one faster than it can run. None = twice `restart_cost_s`: at least half the time after
     a change is spent running."""
+    hold_backoff_s: float = 0.0
+    """A job changed n times within this many seconds (`JobIn.recent_changes`) is held 2^(n-1) times
+    `hold_s` (at most `MAX_HOLD_FACTOR` times): a job that keeps being shrunk and grown back, as short
+    jobs come and go beside it, is left alone longer each time, where a job changed once in a while
+    keeps the short hold. 0 = the same hold for every job."""
 
     # ---------------------------------------------------------------------------------------
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
@@ -229,7 +239,7 @@ class RubickEngine:
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
-        self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold}
+        self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold * self._backoff(j)}
         self.held_back = False
         """whether holding a job changed this round's outcome (the round is worth running again later)"""
         self.why: dict[str, str] = {}
@@ -251,6 +261,12 @@ class RubickEngine:
         return [self._finish(j) for j in self.jobs.values()]
 
     # --- set-up ------------------------------------------------------------------------------
+    def _backoff(self, inp: JobIn) -> float:
+        """How many times the hold a job is held: 2^(n-1) for n changes within `hold_backoff_s`."""
+        if self.hold_backoff_s <= 0 or inp.recent_changes <= 1:
+            return 1.0
+        return float(min(MAX_HOLD_FACTOR, 2 ** (inp.recent_changes - 1)))
+
     def _ratio(self, inp: JobIn) -> int:
         if inp.requested_cpus > 0:
             return max(self.min_cpus_per_gpu, inp.requested_cpus // max(1, inp.requested_gpus))

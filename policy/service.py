@@ -75,6 +75,8 @@ class PolicyCore:
     order: dict[str, int] = field(default_factory=dict)
     last: dict[str, Outcome] = field(default_factory=dict)
     changed_at: dict[str, float] = field(default_factory=dict)
+    changes: dict[str, list[float]] = field(default_factory=dict)
+    """job -> when decisions changed its allocation or plan, within the engine's `hold_backoff_s`"""
     """job -> time of the last decision that changed it"""
     ref_iter: dict[str, float] = field(default_factory=dict)
     """guaranteed job -> its first measured iteration running its request as asked (`JobIn.ref_iter_s`)"""
@@ -145,6 +147,7 @@ class PolicyCore:
         if base in ("job.completed", "job.failed"):
             self.last.pop(event.payload.job_id, None)
             self.changed_at.pop(event.payload.job_id, None)
+            self.changes.pop(event.payload.job_id, None)
             self.ref_iter.pop(event.payload.job_id, None)
             self.progress.pop(event.payload.job_id, None)
         if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
@@ -156,7 +159,7 @@ class PolicyCore:
                 out.extend(self._publish_pending(event, {job.job_id: Pending(job_id=job.job_id, reason="batch")},
                                                  ()))
         if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
-            for table in (self.last, self.changed_at, self.ref_iter, self.progress):
+            for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress):
                 table.pop(event.payload.job_id, None)
         return out
 
@@ -289,7 +292,17 @@ class PolicyCore:
                      remaining_iters=remaining if remaining > 0 else math.inf,
                      target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at),
                      changed_s=t - self.changed_at.get(job.job_id, -math.inf) if self.tick_period_s > 0 else math.inf,
+                     recent_changes=self._recent_changes(job.job_id, t),
                      ref_iter_s=self.ref_iter.get(job.job_id, math.inf))
+
+    def _recent_changes(self, job_id: str, t: float) -> int:
+        """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
+        window = getattr(self.engine, "hold_backoff_s", 0.0)
+        times = self.changes.get(job_id)
+        if not times or window <= 0:
+            return 0
+        times[:] = [x for x in times if t - x < window]
+        return len(times)
 
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
@@ -316,6 +329,8 @@ class PolicyCore:
                 continue
             self.last[o.job_id] = o
             self.changed_at[o.job_id] = event.time
+            if prev is not None and prev.shares:  # a change of what it runs on, not its first start
+                self.changes.setdefault(o.job_id, []).append(event.time)
             if prev is not None and prev.shares:
                 self._pause(o.job_id, event.time)
             decisions.append(to_decision(o))

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hold", type=float,
                    help="seconds a job just changed keeps its allocation against best-effort reasons, so short jobs "
                         "cannot restart a long one over and over (default: twice the restart cost; 0 = none)")
+    p.add_argument("--hold-backoff", type=float, default=3600.0,
+                   help="seconds within which each change of a job doubles its hold (at most 16 times), so a job "
+                        "shrunk and grown back again and again is left alone longer (default 3600; 0 = none)")
     p.add_argument("--sample-every", type=float, default=600.0,
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")
@@ -109,7 +112,8 @@ def _policies(args: argparse.Namespace) -> list[str]:
 
 SIMULATE_NUMBERS = (  # option, least value, whether the least value itself is allowed, unit
     ("--restart-cost", 0.0, True, "seconds"), ("--start-cost", 0.0, True, "seconds"), ("--tick", 0.0, False, "seconds"),
-    ("--batch", 0.0, True, "seconds"), ("--hold", 0.0, True, "seconds"), ("--sample-every", 0.0, False, "seconds"),
+    ("--batch", 0.0, True, "seconds"), ("--hold", 0.0, True, "seconds"), ("--hold-backoff", 0.0, True, "seconds"),
+    ("--sample-every", 0.0, False, "seconds"),
     ("--noise", 0.0, True, "(a log-normal sigma)"), ("--max-time-h", 0.0, False, "hours"), ("--seed", 0, True, ""),
     ("--scale", 1, True, "(copies of the trace)"), ("--network-classes", 1, True, "(traffic classes)"),
     ("--rack-size", 0, True, "(nodes)"), ("--oversubscription", 1.0, True, "(a ratio)"),
@@ -226,7 +230,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                      max_time_s=args.max_time_h * 3600, trace=str(args.trace),
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
                      scale=args.scale, on_bad=args.on_bad, batch_s=args.batch,
-                     hold_s=args.hold, network=args.network, network_classes=args.network_classes,
+                     hold_s=args.hold, hold_backoff_s=args.hold_backoff, network=args.network, network_classes=args.network_classes,
                      rack_size=args.rack_size, oversubscription=args.oversubscription)
     from .progress import sim as sim_progress
 

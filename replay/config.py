@@ -59,6 +59,9 @@ class RunConfig:
     long for the next round"""
     hold_s: float | None = None
     """see `policy.engine.RubickEngine.hold_s`; None = twice the restart cost"""
+    hold_backoff_s: float = 3600.0
+    """see `policy.engine.RubickEngine.hold_backoff_s`: a job changed n times within this window is held
+    2^(n-1) times as long; 0 = the same hold for every job"""
     refit_min_gain: float = 0.10
     """see `modeler.service.ModelerCore`: a refit is published only when it lowers the error on the
     kept points by this fraction"""
@@ -90,6 +93,7 @@ class RunConfig:
         values = {k: v for k, v in data.items() if k in known}
         values.setdefault("batch_s", 0.0)  # runs recorded before batching existed ran a round on every event
         values.setdefault("hold_s", 0.0)  # ... and held no job
+        values.setdefault("hold_backoff_s", 0.0)  # ... and held every job alike
         values.setdefault("refit_min_gain", 0.0)  # ... and published every refit
         values.setdefault("refit_folds", 0)  # ... without an error bound
         values.setdefault("anchors", "")  # ... on the measured points alone
@@ -304,7 +308,8 @@ def registry_policy(cfg: RunConfig, parts: Parts) -> Any:
     # on a simulated cluster (`cluster` set) it runs whatever plan is decided
     return make_policy(cfg.policy, oracle=oracle, models=dict(parts.models), restart_cost_s=cfg.restart_cost_s,
                        quotas=cfg.quotas, node_gpus=node_gpus(cfg), batch_s=cfg.batch_s,
-                       hold_s=cfg.hold_s, default_support=None if cfg.cluster else EXAMPLE_TRAINER)
+                       hold_s=cfg.hold_s, hold_backoff_s=cfg.hold_backoff_s,
+                       default_support=None if cfg.cluster else EXAMPLE_TRAINER)
 
 
 def policy_names() -> tuple[str, ...]:

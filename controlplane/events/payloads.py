@@ -517,6 +517,9 @@ class RunDescribed:
                                    default=1.0, example=1.0)
     refit_folds: int = spec("folds of the out-of-fold error a refit publishes as its error bound; 0: no bound",
                             ge=0, le=100, default=0, example=5)
+    hold_backoff_s: float = spec("a job changed n times within this window is held 2^(n-1) times as long; 0: "
+                                 "the same hold for every job", unit="s", ge=0, le=10**7, default=0.0,
+                                 example=3600.0)
     anchors: str = spec("digest of the agreed fitting points every refit keeps (replay.config.FIT_POINTS); "
                         "empty: refits use the measured points only", max_len=64, default="",
                         example="3f1c2a9b0d4e5f60")

@@ -113,3 +113,39 @@ def test_a_guarantee_whose_minimum_is_over_its_curves_knee_gets_its_minimum():
     assert d.reason == "guarantee" and sorted(s.gpus for s in d.allocation) == [8] * 6
     assert d.plan == Plan(dp=4, tp=4, pp=3) and d.detail["normalised"] == "1"
     check_round(core)
+
+
+def churn(backoff_s: float, cycles: int = 6) -> list[float]:
+    """One 8-GPU node: a long job `a`, and a short job arriving and ending again and again beside it,
+    with a tick every minute. The times at which decisions changed `a`."""
+    core = table_core("rubick", ["bert"], hold_s=156.0, batch_s=0, hold_backoff_s=backoff_s)
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0")))
+    core.handle(tick(c, 0, 0.0))
+    core.handle(c.ev("job.submitted", job("a", "bert", 32, BERT, 1, iters=10**7)))
+    changed, seq = [], 0
+    for k in range(cycles):
+        for event in [c.ev("job.submitted", job(f"b{k}", "bert", 32, BERT, 1, iters=10**6), dt=30.0)]:
+            out = core.handle(event)
+            changed += [c.t] if "a" in decisions(out) else []
+        for _ in range(20):  # twenty minutes of ticks with b running, then b ends and ticks go on
+            seq += 1
+            out = core.handle(tick(c, seq, 60.0))
+            changed += [c.t] if "a" in decisions(out) else []
+        out = core.handle(c.ev("job.completed", completed(f"b{k}")))
+        changed += [c.t] if "a" in decisions(out) else []
+        check_round(core)
+    return changed
+
+
+def test_a_job_changed_again_and_again_is_held_longer_each_time():
+    """Short jobs coming and going beside a long one: with a fixed hold the long job is shrunk and grown
+    back every cycle (a restart each time); with the backoff, each change within the window doubles
+    its hold, so it is changed less, and never before its hold of the moment is over."""
+    fixed, backoff = churn(0.0), churn(3600.0)
+    assert len(fixed) >= 10  # shrunk when b arrives (after the hold), grown back when b ends
+    assert len(backoff) < len(fixed)
+    for i in range(1, len(backoff)):  # n changes within the hour before: held 2^(n-1) x 156 s
+        n = sum(1 for t in backoff[:i] if backoff[i] - t < 3600.0)
+        assert backoff[i] - backoff[i - 1] >= min(16, 2 ** (n - 1)) * 156.0, (i, n, backoff)
+    assert max(b - a for a, b in zip(backoff, backoff[1:])) > 4 * 156.0  # it did back off

@@ -150,11 +150,12 @@ def test_a_run_written_again_to_its_folder_replaces_the_old_log(recorded, parts,
     assert result.ok and result.checked["plan.decided"] == out.summary["plan_decided"]
 
 
-def test_runs_recorded_before_batching_and_holding_are_rebuilt_without_them():
+def test_runs_recorded_before_batching_holding_and_backoff_are_rebuilt_without_them():
     old = RunConfig(policy="rubick").to_json()
-    del old["batch_s"], old["hold_s"]
+    del old["batch_s"], old["hold_s"], old["hold_backoff_s"]
     cfg = RunConfig.from_json(old)
-    assert cfg.batch_s == 0.0 and cfg.hold_s == 0.0
+    assert cfg.batch_s == 0.0 and cfg.hold_s == 0.0 and cfg.hold_backoff_s == 0.0
+    assert RunConfig(policy="rubick").hold_backoff_s == 3600.0
     assert RunConfig.from_json(RunConfig(policy="rubick").to_json()) == RunConfig(policy="rubick")
 
 
