@@ -13,7 +13,7 @@ published schema and to the trace's published shape, without claiming its number
 - statuses mostly Terminated, some Failed, Running or Waiting (filtered by the import).
 
     .venv/bin/python bench/pai_day.py                      # 20,000 rows; 80x8, then 8x8
-    .venv/bin/python bench/pai_day.py --rows 2000 --clusters 8x8 --write /tmp/pai.csv
+    .venv/bin/python bench/pai_day.py --rows 2000 --clusters 8x8 --write runs/pai/pai_task_table.csv
 
 Prints the rows and jobs generated, then per cluster the wall time, the peak memory of the simulation
 process, the jobs done, reconfigurations and preemptions per job, and what the import left out.

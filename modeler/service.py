@@ -39,6 +39,7 @@ from .fit import FitError, Measurements, fit
 from .memory import resolve_ga
 from .perf_model import OFFLOAD_PARAMS, PerfParams, t_iter
 from .spec import ModelType
+from .uncertainty import Uncertainty, clean_bounds, estimate, out_of_fold
 
 NAME = "modeler"
 REFIT_FOLDS = 5
@@ -253,8 +254,6 @@ class ModelerCore:
                 return []
         bounds = None
         if self.refit_folds > 1:
-            from .uncertainty import Uncertainty, out_of_fold
-
             sigma, used, by = out_of_fold(st.model, self.env, seen, result, folds=self.refit_folds)
             bounds = Uncertainty(sigma, used, by_family=by).margins() if used else None
         st.params, st.version, st.errors, st.bounds = params, st.version + 1, [], bounds
@@ -262,18 +261,6 @@ class ModelerCore:
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason,
                                error_bounds=bounds)
         return [make("model.updated", payload, time=event.time, id=f"model-{key}-v{st.version}", source=NAME)]
-
-
-def clean_bounds(bounds: Mapping[str, float] | None) -> dict[str, float] | None:
-    """Error bounds as published (`modeler.uncertainty.Uncertainty.margins`), keeping only known plan families
-    (and `all`) with a finite value >= 0; None when none is left."""
-    from .uncertainty import ALL, FAMILIES
-
-    if not bounds:
-        return None
-    out = {k: float(v) for k, v in sorted(bounds.items())
-           if k in (ALL, *FAMILIES) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")}
-    return out or None
 
 
 def _batch_keys(model: ModelType, env: Environment, batch: ConfigBatch) -> list[tuple]:
@@ -336,7 +323,6 @@ def make_core(models_dir: Path | None = None, env_file: Path | None = None,
 def seed_fits(models: Mapping[str, ModelType], env: Environment,
               fit_points: Path) -> dict[str, tuple[PerfParams, dict[str, float], Measurements]]:
     """Per model type with fitting points in the file: (parameters, error bounds, the points)."""
-    from .uncertainty import estimate
     from .validate import points_by_model
 
     out = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -43,6 +44,16 @@ SEED = 0
 FAMILIES = ("DP", "GC", "ZeRO", "ZeRO-Offload", "3D")
 ALL = "all"
 """The key of a type's overall bound among its per-family ones (`Uncertainty.margins`)."""
+
+
+def clean_bounds(bounds: Mapping[str, float] | None) -> dict[str, float] | None:
+    """Error bounds as published (`modeler.uncertainty.Uncertainty.margins`), keeping only known plan families
+    (and `all`) with a finite value >= 0; None when none is left."""
+    if not bounds:
+        return None
+    out = {k: float(v) for k, v in sorted(bounds.items())
+           if k in (ALL, *FAMILIES) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")}
+    return out or None
 
 
 def plan_family(plan) -> str:

@@ -33,7 +33,7 @@ from modeler.env import Environment
 from modeler.memory import feasible as memory_feasible
 from modeler.memory import host_bytes, resolve_ga
 from modeler.perf_model import PerfParams, t_iter
-from modeler.service import clean_bounds
+from modeler.uncertainty import clean_bounds
 from modeler.spec import ModelType
 from modeler.table import MeasuredTable
 

@@ -241,7 +241,7 @@ class Parts:
         """The starting parameters' error bounds per model type (`modeler.uncertainty.Uncertainty.margins`),
         where the fit gave them (runs recorded before bounds existed have none: the policy's fixed margin
         applies)."""
-        from modeler.service import clean_bounds
+        from modeler.uncertainty import clean_bounds
         from modeler.uncertainty import ALL
 
         out = {}
