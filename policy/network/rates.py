@@ -14,14 +14,14 @@ saturated link, so no flow could go faster without another going slower):
   first; each in turn gets, from what the ones before it left, the rates that make all its flows
   finish together at its smallest possible time (MADD); what is left is shared max-min (back-fill);
 - `echelonflow`: the EchelonFlow adaptation (echelonflow-proofs.txt, Property 4).
-  Ranking. The load an EchelonFlow puts on the network is measured by T_H, the least T with, on every
-  link l it crosses, sum over its active flows j on l of b_j / (d_j + T - now) <= capacity of l (each
-  flow finishing at d_j + T at one constant rate). EchelonFlows are ranked, smallest first, by the part
-  of it still to be decided: T_H - max(0, now - min_j d_j, I_H), where I_H is the tardiness its
-  finished flows already locked in (Eq. S2 takes the maximum, so finishing within it costs nothing);
-  for a Coflow this is exactly SEBF's Gamma, so on Coflows the two orders agree. A key is divided by
-  the EchelonFlow's weight (multiplied, when negative: a heavier one always comes first).
-  Rates. Each in turn, from what the ones before it left, aims at T = max(T*, I_H, 0), T* the least
+  Ranking. EchelonFlows are ranked as SEBF ranks Coflows, by their bottleneck time Gamma (the bytes still
+  to send on their busiest link over its capacity), smallest first, divided by the EchelonFlow's weight:
+  the ranking that had the lowest total tardiness of those measured (docs/network.md), ahead of ranking by
+  the tardiness each would reach alone. On Coflows the orders of `coflow` and `echelonflow` agree; what
+  differs is how each EchelonFlow is served.
+  Rates. Each in turn, from what the ones before it left, aims at T = max(T*, I_H, 0), I_H the tardiness
+  its finished flows already locked in (Eq. S2 takes the maximum, so flows finishing within it cost
+  nothing), T* the least
   tardiness of serving its flows earliest ideal finish first (Jackson's rule, optimal for the largest
   lateness on one link): on every link, max_k (sum_{j <= k} b_j / c_l - (d_k - now)). It reserves on
   each link the least constant rate that lands every flow by d_j + T in that order,
@@ -113,18 +113,12 @@ def _priority(active: Active, now: float, coflow: bool, residual: np.ndarray, ra
     weight = None if active.weight is None else active.weight.tolist()
     keys = []
     for g in sorted(members):
-        t = -math.inf
+        # the bottleneck time Gamma: the time its bytes still need on its busiest link (SEBF's key, in both modes)
+        t = 0.0
         for link, fs in links[g].items():
-            t = max(t, _solve([rem[f] for f in fs], [x[f] for f in fs], cap[link]))
-        fs = members[g]
-        if coflow:
-            t += x[fs[0]]  # SEBF's key: the time still needed, Gamma (x = d - now, the same for all)
-        else:
-            # the part of it still to be decided: not the lateness its active flows already have, nor the
-            # tardiness its finished flows locked in (Eq. S2 takes the max, so flows within it cost nothing)
-            t -= max(0.0, -min(x[f] for f in fs), 0.0 if incurred is None else incurred[g])
+            t = max(t, sum(rem[f] for f in fs) / cap[link] if cap[link] > 0 else math.inf)
         w = 1.0 if weight is None else weight[g]
-        keys.append((t / w if t > 0 else t * w, g))
+        keys.append((t / w, g))
     keys.sort()
     for _, g in keys:
         per = links[g]

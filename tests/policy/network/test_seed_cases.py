@@ -214,12 +214,13 @@ def test_case_ii_completion_is_a_constant_plus_the_echelonflow_tardiness(mode, s
     # Stage 2: 2-4, 4-6, 6-8. A2 leaves at 4, 6, 8 -> e = 5, 7, 9; r2 = 4, d = 4, 7, 10 -> t_H2 = 1.
     # Stage 3: 5-8, 8-11, 11-14 -> 14 = r2 + 9 + t_H2.
     *[(m, "alone", 1.0, 14.0) for m in MODES],
-    # competitor C: w1->x, 4 bytes from 0 (r = d = 0), echelonflow (key T_H - max(0, now - min d, I_H), rates
-    # b / (d + max(T_H, I_H, 0) - now)): C alone 0-1 (3 left). At 1: H1 (A1[0], d 1, T = 1, key 1) before C
-    # (T = 3 + 1 = 4, key 3): A1[0] full rate, done 2 (Delta 1, I_H1 = 1). At 2: A1[1] (d 3, T = 0, key -1)
-    # may land at 3 + 1 at no cost: rate 1 / (1 + 1) = 1/2, C 1/2. At 3: A1[1] 1/2 left (d 3), A1[2] 1 (d 5):
-    # T solves 0.5/T + 1/(2 + T) = 1 -> ~0.78 < I_H1, so the rates are 0.5 / 1 and 1 / 3 and C takes the
-    # rest: A1[1] done at 4 (Delta 1); A1[2] has 2/3 left, rate (2/3) / (1 + 1), done at 6 (Delta 1).
+    # competitor C: w1->x, 4 bytes from 0 (r = d = 0), echelonflow (ranked by Gamma, the bytes left on the
+    # busiest link / its capacity; rates b / (d + max(T*, I_H, 0) - now)): C alone 0-1 (3 left). At 1: H1
+    # (A1[0], d 1, Gamma 1) before C (Gamma 3): A1[0] full rate, done 2 (Delta 1, I_H1 = 1). At 2: A1[1]
+    # (d 3, Gamma 1, T* = 0) may land at 3 + 1 at no cost: rate 1 / (1 + 1) = 1/2, C 1/2. At 3: A1[1] 1/2 left
+    # (d 3), A1[2] 1 (d 5): Gamma 1.5 before C's 2.5; T* = max(0.5 - 0, 1.5 - 2) = 0.5 < I_H1, so the rates are
+    # 0.5 / 1 and 1 / 3 and C takes the rest: A1[1] done at 4 (Delta 1); A1[2] has 2/3 left, rate
+    # (2/3) / (1 + 1), done at 6 (Delta 1).
     # e = 2, 4, 6: Delta 1, 1, 1, t_H1 = 1 and stage 2 runs 2-4, 4-6, 6-8 as if alone: 14. C (7 bytes on
     # w1 up with A1's 3 bytes, the link never idle) ends at 7. The competitor is hidden behind the arrangement.
     ("echelonflow", "competitor on w1 up", 1.0, 14.0),
@@ -302,31 +303,29 @@ def test_case_iii_fsdp_alone(mode):
 
 
 def test_case_iii_fsdp_against_a_dp_job_echelonflow():
-    # Q competes on both directions; per link (a up; the other three alike). An EchelonFlow's key is
-    # T_H - max(0, now - min d, I_H), I_H the tardiness its finished flows locked in; its flows get
-    # b / (d + max(T_H, I_H, 0) - now).
-    # t=0: H1 (AG0, T = 1) before Q (T = 4): AG0 full rate, done 1 (Delta 1, I_H1 = 1); Q waits.
-    # t=1: AG1 (d 1, T = 1, key 1 - 1 = 0) before Q (T = 4 + 1 = 5, key 4): rate 1 / (0 + 1), done 2 (Delta 1).
-    #      F0 1-2.
-    # t=2: AG2 (d 3, T = 0, key -1) before Q (T = 6, key 4): it may finish at d + I_H1 = 4 at no cost to t_H1:
+    # Q competes on both directions; per link (a up; the other three alike). EchelonFlows are ranked by their
+    # bottleneck time Gamma (bytes left / capacity; ties by index: Q's EchelonFlow comes before H2); each gets
+    # b / (d + max(T*, I_H, 0) - now), T* its least tardiness alone, I_H what its finished flows locked in.
+    # t=0: H1 (AG0, Gamma 1) before Q (Gamma 4): T* = 1, full rate, done 1 (Delta 1, I_H1 = 1); Q waits.
+    # t=1: AG1 (d 1, Gamma 1) before Q: T = 1, rate 1 / (0 + 1), done 2 (Delta 1). F0 1-2.
+    # t=2: AG2 (d 3, Gamma 1) before Q (Gamma 4): it may finish at d + I_H1 = 4 at no cost to t_H1:
     #      rate 1 / (1 + 1) = 1/2; Q the other 1/2. F1 2-3. (At 3 nothing changes: AG2 keeps 1/2.)
-    # t=4: AG2 done (Delta 1), Q has 3 left. AG3 (d 5, T = 0, key -1) likewise 1 / (1 + 1) = 1/2, Q 1/2.
-    #      B1 4-6.
-    # t=6: AG3 done (Delta 1), Q has 2 left. RS1 (H2, r2 = 6, d 6, T = 1, key 1) before Q (T = 2 + 6 = 8,
-    #      key 2): done 7 (Delta 1). B0 6-8. 7-8: Q alone (1 left).
-    # t=8: RS0 (d 6 + Tb = 8, T = 1, I_H2 = 1, key 0) before Q (T = 9, key 1): done 9 (Delta 1). Q 9-10.
-    # FSDP: t_H1 = 1, t_H2 = 1, iteration 9; Q's tardiness 10 - 0 = 10. Total 12.
+    # t=4: AG2 done (Delta 1), Q has 3 left. AG3 (d 5, Gamma 1) likewise 1 / (1 + 1) = 1/2, Q 1/2. B1 4-6.
+    # t=6: AG3 done (Delta 1), Q has 2 left. RS1 (H2, r2 = 6, d 6, Gamma 1) before Q (Gamma 2): T = 1, done 7
+    #      (Delta 1). B0 6-8. 7-8: Q alone (1 left).
+    # t=8: RS0 (d 6 + Tb = 8, Gamma 1) and Q (Gamma 1) tie: Q first, done 9; RS0 9-10 (Delta 2).
+    # FSDP: t_H1 = 1, t_H2 = 2, iteration 10; Q's tardiness 9 - 0 = 9. Total 12.
     # (Alone the iteration takes 8: Eq. S12 puts the first backward all-gather Tb = 2 after the last forward one,
     # while the backward needs it Tf = 1 after, so landing it at d + I_H1 delays the backward by Tb - Tf.)
     net = Network.hose(["a", "b"], 1.0)
     p, ids = fsdp_pattern()
     r = simulate(net, [p, dp_job()], "echelonflow", iterations=1)
-    for name, e in (("AG0", 1.0), ("AG1", 2.0), ("AG2", 4.0), ("AG3", 6.0), ("RS1", 7.0), ("RS0", 9.0)):
+    for name, e in (("AG0", 1.0), ("AG1", 2.0), ("AG2", 4.0), ("AG3", 6.0), ("RS1", 7.0), ("RS0", 10.0)):
         assert [finish(r, "F", i) for i in ids[name]] == pytest.approx([e, e]), name
     assert late(r, "F", 0) == pytest.approx(1.0)
-    assert late(r, "F", 1) == pytest.approx(1.0)
-    assert late(r, "Q", 0) == pytest.approx(10.0)
-    assert r.finished["F"] == pytest.approx(9.0)
+    assert late(r, "F", 1) == pytest.approx(2.0)
+    assert late(r, "Q", 0) == pytest.approx(9.0)
+    assert r.finished["F"] == pytest.approx(10.0)
     assert r.total_tardiness() == pytest.approx(12.0)
 
 
@@ -378,7 +377,7 @@ def test_two_jobs_coflow():
 
 
 def test_two_jobs_echelonflow():
-    # t=0, ranking by the constant-rate bound: T_A solves 1/T + 1/(2 + T) = 1 -> T^2 = 2 -> sqrt 2; T_B = 1.
+    # t=0, ranking by the bottleneck time: Gamma_A = 2 bytes / 1 = 2, Gamma_B = 1.
     #   B first, its flow alone on the link: done at 1. A gets nothing (the link is full).
     # t=1: A's flows, ideal times 0 and 2 (x = -1 and 1), are served in ideal-time order: the bound is
     #   max(1/1 + 1, 2/1 - 1) = 2, the reservation max(1 / (-1 + 2), 2 / (1 + 2)) = 1 byte/s, all to A0: done at 2
