@@ -619,12 +619,12 @@ class RubickEngine:
         order = mine + [n for n in self._free_nodes() if n not in seen]
         seen.update(order)
         if self._beats(job, self.lowest):
-            shrinkable = set()
-            for prio, slope, _, vid in self.by_down:
-                if not self._beats(job, (prio, slope)):
-                    break
-                if vid != job.id:
-                    shrinkable.update(self.jobs[vid].g_on)
+            # the jobs it may shrink are a prefix of the index (lowest priority, then slope, first): find its end by
+            # bisection with the same test, then take the nodes they hold (its own are already in `seen`)
+            prio, up, jobs = job.inp.priority, job.up(), self.jobs
+            end = bisect.bisect_left(self.by_down, True,
+                                     key=lambda k: not (k[0] < prio or (k[0] == prio and k[1] + EPS < up)))
+            shrinkable = set().union(*(jobs[k[3]].g_on for k in self.by_down[:end]))
             order += sorted(shrinkable - seen)
         return order
 
