@@ -7,7 +7,7 @@ own store); once it has a meta leader the deployment's bootstrap makes the strea
 Parquet. A client publishes `n` measured iterations (the project's events and encoding, each with its id as
 Nats-Msg-Id) with asynchronous publishes, acknowledgements collected per chunk; in the middle of a chunk one
 server is killed with SIGKILL: a follower of the stream (the publisher's own server where it is one, so the
-client fails over) or the stream's leader. Publishing goes on: a publish not acknowledged in time counts as a
+client fails over), the stream's leader, or the publisher's own server whatever it is. Publishing goes on: a publish not acknowledged in time counts as a
 failure and is published again with the same id, so JetStream stores it once.
 
 Checked afterwards, from the log read back with `controlplane.eventlog.scan`: every published event is in the
@@ -36,9 +36,9 @@ from controlplane.events import encode
 
 from .harness import Deployment, measured
 
-KILLS = ("follower", "leader")
-"""Which server is killed: a follower of the stream (preferably the one the publisher is connected to), or
-the stream's leader."""
+KILLS = ("follower", "leader", "publisher")
+"""Which server is killed: a follower of the stream (preferably the one the publisher is connected to), the
+stream's leader, or the server the publisher is connected to (whichever it is: the client must fail over)."""
 
 
 @dataclass
@@ -114,6 +114,8 @@ async def target(d: Deployment, kill: str) -> str:
     if kill == "leader":
         return leader
     connected = server_of(d, d.bus.nc.connected_url.geturl() if d.bus.nc.connected_url else None)
+    if kill == "publisher":
+        return connected
     followers = [s.server_name for s in d.nats.servers if s.server_name != leader]
     return connected if connected in followers else followers[0]
 
