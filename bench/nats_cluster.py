@@ -105,7 +105,12 @@ def main() -> None:
     if args.fault_n <= 0 or not kills:
         return
     print(f"\nkill -9 of one server mid-stream, {args.fault_n:,} events per run")
-    print(f"{'kill':<9} {'killed':<9} {'leader':<9} {'conn':<9} {'fail':>5} {'dup-ack':>7} {'pub ev/s':>9} "
+    print("killed: the server killed; leader: the stream's leader before the kill -> after it; publisher: the server\n"
+          "the publisher was connected to at the kill; fail: publishes not acknowledged within 1 s, published again\n"
+          "with the same id (dup-ack: of those, the ones the stream had stored already); recover: from the kill to\n"
+          "the first acknowledgement of a publish sent after it; stall: the longest time without an acknowledgement;\n"
+          "in log: from the kill to the last event in a Parquet file; stream: messages in the stream at the end")
+    print(f"{'kill':<9} {'killed':<9} {'leader':<20} {'publisher':<9} {'fail':>5} {'dup-ack':>7} {'pub ev/s':>9} "
           f"{'recover s':>9} {'stall s':>7} {'in log s':>8} {'stream':>7} {'lost':>5} {'dupl':>5} {'gaps':>5} "
           f"{'manifest':>8}")
     lost = duplicated = 0
@@ -119,7 +124,7 @@ def main() -> None:
                 continue
             lost += o.lost
             duplicated += o.duplicated
-            print(f"{kill:<9} {o.killed:<9} {o.leader_after if kill == 'leader' else o.leader:<9} "
+            print(f"{kill:<9} {o.killed:<9} {o.leader + ' -> ' + o.leader_after:<20} "
                   f"{o.connected:<9} {o.publish_failures:>5} {o.retried_duplicates:>7} {o.publish_rate:>9,.0f} "
                   f"{o.recover_s:>9.2f} {o.stall_s:>7.2f} {o.recorded_s:>8.2f} {o.stream_messages:>7} "
                   f"{o.lost:>5} {o.duplicated:>5} {o.gaps:>5} {'ok' if not o.manifest_problems else 'FAILED':>8}"

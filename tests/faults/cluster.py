@@ -188,6 +188,8 @@ async def run_cluster_kill(tmp: Path, n: int = 2000, kill: str = "follower", chu
             outcome.notes.append(str(exc))
             last = await d.bus.last_seq()
         outcome.stream_messages = (await d.bus.js.stream_info(d.bus.stream)).state.messages
+        said = [line for p in d.procs["recorder"] for line in p.lines if "recorder ready" not in line]
+        outcome.notes += [f"recorder: {line[:300]}" for line in said[-5:]]
     finally:
         await d.stop()
     outcome.log, outcome.last_seq = d.log, last
