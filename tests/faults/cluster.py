@@ -7,8 +7,11 @@ own store); once it has a meta leader the deployment's bootstrap makes the strea
 Parquet. A client publishes `n` measured iterations (the project's events and encoding, each with its id as
 Nats-Msg-Id) with asynchronous publishes, acknowledgements collected per chunk; in the middle of a chunk one
 server is killed with SIGKILL: a follower of the stream (the publisher's own server where it is one, so the
-client fails over), the stream's leader, or the publisher's own server whatever it is. Publishing goes on: a publish not acknowledged in time counts as a
-failure and is published again with the same id, so JetStream stores it once.
+client fails over), the stream's leader, or the publisher's own server whatever it is. Publishing goes on: a
+publish not acknowledged in time counts as a failure and is published again with the same id, so JetStream
+stores it once. At the end the events acknowledged just before the kill are published again with their ids,
+as a client that lost their acknowledgements would: the stream must answer each as a duplicate (its
+de-duplication survived the kill and any change of leader).
 
 Checked afterwards, from the log read back with `controlplane.eventlog.scan`: every published event is in the
 log exactly once (none lost, none twice, whether by id or by stream sequence), the log holds sequences
@@ -56,6 +59,11 @@ class ClusterOutcome:
     """Publishes not acknowledged in time (or answered with an error), published again with the same id."""
     retried_duplicates: int = 0
     """Of those, how many the stream answered as duplicates (it had stored the first publish)."""
+    resent: int = 0
+    """Events acknowledged just before the kill, published again with their ids after it (as a client that
+    lost their acknowledgements would)..."""
+    resent_duplicates: int = 0
+    """... and how many of them the stream answered as duplicates (all, when de-duplication survived the kill)."""
     publish_rate: float = 0.0
     """Events per second from the first publish to the last acknowledgement (the kill included)."""
     recover_s: float = math.nan
@@ -78,7 +86,7 @@ class ClusterOutcome:
     @property
     def survived(self) -> bool:
         return (not (self.lost or self.duplicated or self.gaps or self.manifest_problems)
-                and self.stream_messages == self.events == self.rows)
+                and self.stream_messages == self.events == self.rows and self.resent_duplicates == self.resent)
 
 
 def _stamp(acked_at: list[float], i: int, fut: asyncio.Future) -> None:
@@ -121,10 +129,12 @@ async def target(d: Deployment, kill: str) -> str:
 
 
 async def publish_through_kill(d: Deployment, items: list[tuple[str, bytes, str]], kill_at: int, kill: str,
-                               outcome: ClusterOutcome, chunk: int = 500, timeout: float = 1.0) -> float:
+                               outcome: ClusterOutcome, chunk: int = 500, timeout: float = 1.0,
+                               resend: int = 100) -> float:
     """Publish every item (async publishes, acks collected per chunk); before item `kill_at` is sent, kill -9
     the `kill` server. A publish not acknowledged in time is published again with the same id until the
-    stream acknowledges it. Returns the wall-clock time of the kill."""
+    stream acknowledges it. At the end, the `resend` items acknowledged last before the kill are published
+    again with their ids (the stream must answer duplicate). Returns the wall-clock time of the kill."""
     bus = d.bus
     n = len(items)
     acked_at = [0.0] * n
@@ -165,6 +175,10 @@ async def publish_through_kill(d: Deployment, items: list[tuple[str, bytes, str]
     stamps = sorted(acked_at)
     outcome.stall_s = max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0)
     outcome.connected_after = server_of(d, bus.nc.connected_url.geturl() if bus.nc.connected_url else None)
+    for subject, data, msg_id in items[max(0, kill_at - resend):kill_at]:
+        ack = await bus.publish(subject, data, msg_id, timeout=2.0, retries=60)
+        outcome.resent += 1
+        outcome.resent_duplicates += ack.duplicate
     return t_kill_wall
 
 

@@ -31,6 +31,7 @@ async def test_kill_9_of_a_cluster_server_mid_stream_loses_and_doubles_nothing(k
         assert (outcome.killed == outcome.leader) == (kill == "leader"), outcome
     assert outcome.leader_after != outcome.killed, outcome
     assert outcome.stream_messages == N, outcome  # retried publishes were stored once
+    assert outcome.resent > 0 and outcome.resent_duplicates == outcome.resent, outcome  # de-duplicated after the kill
     assert outcome.lost == 0, outcome
     assert outcome.duplicated == 0 and outcome.gaps == 0, outcome
     assert outcome.rows == N, outcome
