@@ -15,8 +15,10 @@ With --baseline, the same once against a single server, for comparison on the sa
 Faults (tests/faults/cluster.py), --fault-runs times for each of --kills: N events published as fast as
 the stream acknowledges, kill -9 of one server in the middle (a follower of the stream, the publisher's own
 server where it is one, or the stream's leader); publishes not acknowledged in time are published again with
-the same id. Prints publish failures, events lost and duplicated in the Parquet log (read back with
-`controlplane.eventlog.scan`), gaps, the manifest check, and the times to recover.
+the same id; at the end, the 100 events acknowledged just before the kill are published again with their ids
+(the stream must answer each as a duplicate). Prints publish failures, events lost and duplicated in the
+Parquet log (read back with `controlplane.eventlog.scan`), gaps, the manifest check, and the times to recover.
+--runs 0 runs the faults only, --fault-n 0 the throughput only.
 
     python bench/nats_cluster.py [--n 50000] [--runs 3] [--fault-n 50000] [--fault-runs 1]
                                  [--kills follower,leader] [--baseline]
@@ -80,6 +82,14 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("controlplane.bus.nats").setLevel(logging.ERROR)  # "connect failed" while a server is down
 
+    if args.runs > 0:
+        throughput(args)
+    kills = [k.strip() for k in args.kills.split(",") if k.strip()]
+    if args.fault_n > 0 and kills:
+        faults(args.fault_n, args.fault_runs, kills)
+
+
+def throughput(args: argparse.Namespace) -> None:
     print(f"three nats-servers, one JetStream cluster on 127.0.0.1, stream replicas 3; {args.n:,} "
           f"metrics.iteration events per run, {args.runs} runs, recorder roll {args.roll_seconds} s")
     print(" ".join(f"{k[:12]:>12}" for k in KEYS))
@@ -101,24 +111,25 @@ def main() -> None:
         print(f"single server (the same machine, just after): raw publish {single['raw_publish_rate']:,.0f} msg/s, "
               f"into Parquet {single['recorded_rate']:,.0f} events/s = {single['ratio']:.2f} x raw publish", flush=True)
 
-    kills = [k.strip() for k in args.kills.split(",") if k.strip()]
-    if args.fault_n <= 0 or not kills:
-        return
-    print(f"\nkill -9 of one server mid-stream, {args.fault_n:,} events per run")
+
+def faults(n: int, runs: int, kills: list[str]) -> None:
+    print(f"\nkill -9 of one server mid-stream, {n:,} events per run")
     print("killed: the server killed; leader: the stream's leader before the kill -> after it; publisher: the server\n"
           "the publisher was connected to at the kill; fail: publishes not acknowledged within 1 s, published again\n"
           "with the same id (dup-ack: of those, the ones the stream had stored already); recover: from the kill to\n"
           "the first acknowledgement of a publish sent after it; stall: the longest time without an acknowledgement;\n"
-          "in log: from the kill to the last event in a Parquet file; stream: messages in the stream at the end")
+          "in log: from the kill to the last event in a Parquet file; stream: messages in the stream at the end;\n"
+          "resent: events acknowledged just before the kill, published again with their ids after it, that the\n"
+          "stream answered as duplicates / published again")
     print(f"{'kill':<9} {'killed':<9} {'leader':<20} {'publisher':<9} {'fail':>5} {'dup-ack':>7} {'pub ev/s':>9} "
-          f"{'recover s':>9} {'stall s':>7} {'in log s':>8} {'stream':>7} {'lost':>5} {'dupl':>5} {'gaps':>5} "
-          f"{'manifest':>8}")
+          f"{'recover s':>9} {'stall s':>7} {'in log s':>8} {'stream':>7} {'resent':>7} {'lost':>5} {'dupl':>5} "
+          f"{'gaps':>5} {'manifest':>8}")
     lost = duplicated = 0
     for kill in kills:
-        for _ in range(args.fault_runs):
+        for _ in range(runs):
             t0 = time.monotonic()
             try:
-                o = asyncio.run(fault_run(args.fault_n, kill))
+                o = asyncio.run(fault_run(n, kill))
             except Exception as exc:  # a run that did not finish: its log unchecked
                 print(f"{kill:<9} did not finish: {type(exc).__name__}: {exc}"[:2000], flush=True)
                 continue
@@ -127,6 +138,7 @@ def main() -> None:
             print(f"{kill:<9} {o.killed:<9} {o.leader + ' -> ' + o.leader_after:<20} "
                   f"{o.connected:<9} {o.publish_failures:>5} {o.retried_duplicates:>7} {o.publish_rate:>9,.0f} "
                   f"{o.recover_s:>9.2f} {o.stall_s:>7.2f} {o.recorded_s:>8.2f} {o.stream_messages:>7} "
+                  f"{f'{o.resent_duplicates}/{o.resent}':>7} "
                   f"{o.lost:>5} {o.duplicated:>5} {o.gaps:>5} {'ok' if not o.manifest_problems else 'FAILED':>8}"
                   f"   ({time.monotonic() - t0:.0f} s)", flush=True)
             for note in [*o.manifest_problems, *o.notes]:
