@@ -116,6 +116,18 @@ async def stream_leader(bus: JetStreamBus, timeout: float = 30.0) -> str:
         await asyncio.sleep(0.1)
 
 
+async def stream_messages(bus: JetStreamBus, attempts: int = 20) -> int:
+    """Messages in the stream (asked again while a cluster that just lost a server is slow to answer)."""
+    for attempt in range(attempts):
+        try:
+            return int((await bus.js.stream_info(bus.stream)).state.messages)
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 async def target(d: Deployment, kill: str) -> str:
     """The name of the server to kill."""
     leader = await stream_leader(d.bus)
@@ -201,7 +213,7 @@ async def run_cluster_kill(tmp: Path, n: int = 2000, kill: str = "follower", chu
         except AssertionError as exc:  # checked all the same: what the log lacks is counted lost
             outcome.notes.append(str(exc))
             last = await d.bus.last_seq()
-        outcome.stream_messages = (await d.bus.js.stream_info(d.bus.stream)).state.messages
+        outcome.stream_messages = await stream_messages(d.bus)
         said = [line for p in d.procs["recorder"] for line in p.lines if "recorder ready" not in line]
         outcome.notes += [f"recorder: {line[:300]}" for line in said[-5:]]
     finally:
