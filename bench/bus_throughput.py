@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controlplane.bus.nats import JetStreamBus  # noqa: E402
 from controlplane.eventlog import scan  # noqa: E402
 from controlplane.events import MetricsIteration, Plan, encode, make  # noqa: E402
+from controlplane.lease import ensure_lease_bucket  # noqa: E402
+from controlplane.lifetime import die_with_parent  # noqa: E402
 from controlplane.natsserver import NatsServer  # noqa: E402
 
 PAYLOAD = MetricsIteration(job_id="bench-job", model_type="gpt2", iteration=0, iter_time_s=1.05,
@@ -42,10 +44,13 @@ PAYLOAD = MetricsIteration(job_id="bench-job", model_type="gpt2", iteration=0, i
                            fwd_s=0.3, bwd_s=0.6, opt_s=0.15)
 
 
-async def raw_limits(url: str, n: int) -> tuple[float, float, float]:
-    nc = await nats.connect(url)
+async def raw_limits(url: str, n: int, replicas: int = 1) -> tuple[float, float, float]:
+    """(async publish, the same with Nats-Msg-Id, pull+ack) in msg/s on a stream of `replicas` copies; `url`
+    may list a cluster's servers, comma-separated."""
+    nc = await nats.connect([u.strip() for u in url.split(",") if u.strip()])
     js = nc.jetstream()
-    await js.add_stream(api.StreamConfig(name="RAW", subjects=["raw.>"], storage=api.StorageType.FILE))
+    await js.add_stream(api.StreamConfig(name="RAW", subjects=["raw.>"], storage=api.StorageType.FILE,
+                                         num_replicas=replicas))
     data = encode(make("metrics.iteration", PAYLOAD, time=time.time(), id="raw", source="bench"))
     t0 = time.perf_counter()
     futures = [await js.publish_async("raw.metrics", data) for _ in range(n)]
@@ -70,34 +75,44 @@ async def raw_limits(url: str, n: int) -> tuple[float, float, float]:
     return publish_rate, publish_id_rate, consume_rate
 
 
-async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000) -> dict:
+async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000,
+                     replicas: int = 1) -> dict:
+    """`url` may list a cluster's servers (comma-separated): the stream and the recorder's lease bucket are
+    then made with `replicas` copies before the recorder starts."""
+    bus = await JetStreamBus.connect(url, replicas=replicas)
+    await ensure_lease_bucket(bus.js, replicas=replicas)
     recorder = subprocess.Popen(
         [sys.executable, "-m", "controlplane.cli", "service", "recorder", "--nats-url", url, "--log-dir",
          str(log_dir), "--roll-seconds", str(roll_seconds)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
-    assert "recorder ready" in recorder.stdout.readline()
-    bus = await JetStreamBus.connect(url)
-    # events are encoded beforehand (producers are many processes in a cluster); each carries its id
-    # as Nats-Msg-Id, as every publish of the control plane does
-    events = [make("metrics.iteration", PAYLOAD, time=1.7e9 + i, id=f"b-{i}", source="bench") for i in range(n)]
-    items = [(e.subject, encode(e), e.id) for e in events]
-    t_first = time.time()
-    for start in range(0, n, chunk):
-        acks = await bus.publish_many(items[start:start + chunk])
-        assert all(a.seq > 0 for a in acks)
-    t_published = time.time()
-    await bus.close()
-    deadline = time.time() + 120
-    landed: dict[Path, float] = {}
-    count = 0
-    while count < n and time.time() < deadline:
-        for path in log_dir.glob("events-*.parquet"):
-            if path not in landed:
-                landed[path] = path.stat().st_mtime
-                count += pl.scan_parquet(path).select(pl.len()).collect().item()
-        await asyncio.sleep(0.02)
-    recorder.terminate()
-    recorder.wait(30)
+        text=True, preexec_fn=die_with_parent())
+    try:
+        said = []  # warnings may come first (a cluster's elections)
+        while not said or "recorder ready" not in said[-1]:
+            said.append(recorder.stdout.readline())
+            assert said[-1], f"the recorder exited before it was ready: {''.join(said[-20:])}"
+        # events are encoded beforehand (producers are many processes in a cluster); each carries its id
+        # as Nats-Msg-Id, as every publish of the control plane does
+        events = [make("metrics.iteration", PAYLOAD, time=1.7e9 + i, id=f"b-{i}", source="bench") for i in range(n)]
+        items = [(e.subject, encode(e), e.id) for e in events]
+        t_first = time.time()
+        for start in range(0, n, chunk):
+            acks = await bus.publish_many(items[start:start + chunk])
+            assert all(a.seq > 0 for a in acks)
+        t_published = time.time()
+        await bus.close()
+        deadline = time.time() + 120
+        landed: dict[Path, float] = {}
+        count = 0
+        while count < n and time.time() < deadline:
+            for path in log_dir.glob("events-*.parquet"):
+                if path not in landed:
+                    landed[path] = path.stat().st_mtime
+                    count += pl.scan_parquet(path).select(pl.len()).collect().item()
+            await asyncio.sleep(0.02)
+    finally:  # stopped (and its connection closed) even when the run fails
+        recorder.terminate()
+        recorder.wait(30)
+        await bus.close()
     frame = scan(log_dir, ["msg_id"]).frame
     ids = frame["msg_id"].to_list()
     lost = n - len(set(ids) & {f"b-{i}" for i in range(n)})

@@ -105,6 +105,32 @@ class Nats:
     def url(self) -> str:
         return ",".join(s.url for s in self.servers)
 
+    async def meta_leader(self, timeout: float = 60.0) -> float:
+        """Until the cluster has elected its JetStream meta leader (the JetStream API answers: a server without
+        one refuses or stays silent); seconds waited."""
+        import nats
+        import nats.errors
+        import nats.js.errors
+
+        t0 = time.monotonic()
+        nc = await nats.connect([s.url for s in self.servers], connect_timeout=5.0)
+        try:
+            js = nc.jetstream(timeout=1.0)
+            while True:
+                try:
+                    await js.account_info()
+                    return time.monotonic() - t0
+                except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.APIError):
+                    if time.monotonic() - t0 > timeout:
+                        raise AssertionError(f"no JetStream meta leader in the cluster after {timeout} s") from None
+                    await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    def named(self, name: str) -> int:
+        """The index of the server called `name`."""
+        return next(i for i, s in enumerate(self.servers) if s.server_name == name)
+
     def kill(self, i: int) -> None:
         self.servers[i].kill()
 
@@ -169,6 +195,8 @@ class Deployment:
     replicas: int = 1
     agent: bool = False
     lease_ttl: float = LEASE_TTL
+    services: tuple[str, ...] = ("recorder", *SERVICES)
+    """The `rubick service` processes started (each `replicas` times)."""
     nats: Nats | None = None
     bus: JetStreamBus | None = None
     procs: dict[str, list[Proc]] = field(default_factory=dict)
@@ -179,15 +207,22 @@ class Deployment:
         return self.tmp / "events"
 
     @property
+    def durables(self) -> list[str]:
+        """The durable consumers of the services started."""
+        return [d for d in DURABLES if d.removeprefix("svc-") in self.services]
+
+    @property
     def agent_state(self) -> Path:
         return self.tmp / "agent"
 
     async def start(self) -> "Deployment":
         self.nats = Nats(self.tmp, self.nats_size)  # on the main thread: the servers stop with this process
         replicas = 3 if self.nats_size > 1 else 1
+        if self.nats_size > 1:
+            await self.nats.meta_leader()
         self.bus = await connect(self.nats.url, replicas=replicas)  # the deployment's bootstrap: stream, leases
         await ensure_lease_bucket(self.bus.js, self.lease_ttl, replicas=replicas)
-        for name in ("recorder", *SERVICES):
+        for name in self.services:
             self.procs[name] = [self.service(name) for _ in range(self.replicas)]
         if self.agent:
             self.procs["agent"] = [self.start_agent()]
@@ -239,7 +274,7 @@ class Deployment:
         while time.monotonic() < deadline:
             try:
                 last = await self.bus.last_seq()
-                infos = [await self.bus.js.consumer_info(self.bus.stream, d) for d in DURABLES]
+                infos = [await self.bus.js.consumer_info(self.bus.stream, d) for d in self.durables]
                 if all(not (i.num_pending or i.num_ack_pending) for i in infos):
                     await asyncio.sleep(1.0)
                     if await self.bus.last_seq() == last:
@@ -250,7 +285,7 @@ class Deployment:
             await asyncio.sleep(0.1)
         try:
             got = {d: ((i := await self.bus.js.consumer_info(self.bus.stream, d)).ack_floor.stream_seq, i.num_pending)
-                   for d in DURABLES}
+                   for d in self.durables}
         except Exception as exc:
             got = repr(exc)
         said = {n: [(p.proc.poll(), p.lines[-8:]) for p in ps] for n, ps in self.procs.items()}
