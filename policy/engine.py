@@ -236,6 +236,10 @@ class RubickEngine:
         """(priority, slope, -order, id) of every job holding GPUs over its minimum, lowest priority, then
         lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
+        self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n.name: [] for n in nodes}
+        """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
+        self._dnodes: dict[str, tuple[str, ...]] = {}
+        """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
@@ -645,11 +649,17 @@ class RubickEngine:
         old = self._dkey.pop(job.id, None)
         if old is not None:
             del self.by_down[bisect.bisect_left(self.by_down, old)]
+            for node in self._dnodes.pop(job.id):
+                keys = self._node_keys[node]
+                del keys[bisect.bisect_left(keys, old)]
         if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                 job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
             key = (job.inp.priority, job.down(), -job.inp.order, job.id)
             bisect.insort(self.by_down, key)
             self._dkey[job.id] = key
+            nodes = self._dnodes[job.id] = tuple(job.g_on)
+            for node in nodes:
+                bisect.insort(self._node_keys[node], key)
 
     @property
     def lowest(self) -> tuple[float, float]:
@@ -693,6 +703,26 @@ class RubickEngine:
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
             best, best_key = v, key
         return best
+
+    def _none_below(self, node: str, job: _Job, victims: dict[str, _Job]) -> bool:
+        """Whether no job on `node` that `_lowest_slope_over_min` would consider has a priority, or slope, below
+        `job`'s own, so that it would answer None and pass over no held job. The lowest key listed under the
+        node bounds those of the jobs not shrunk in this attempt (their keys are current; a job that left the
+        node since only lowers the bound); the jobs shrunk in it (`victims`) are looked at with their slopes now."""
+        limit = job.up()
+        if not math.isfinite(limit):
+            return False
+        prio = job.inp.priority
+        for key in self._node_keys[node][:2]:  # the lowest, or the next when the lowest is the job's own
+            if key[3] != job.id:
+                if key[0] < prio or (key[0] == prio and key[1] + EPS < limit):
+                    return False
+                break
+        for v in victims.values():
+            if node in v.g_on and v.id in self._dkey:
+                if v.inp.priority < prio or (v.inp.priority == prio and v.down() + EPS < limit):
+                    return False
+        return True
 
     def _keeps_guarantee(self, v: _Job, node: str) -> bool:
         """Whether a guaranteed job still meets its guarantee with one GPU less on `node`."""
@@ -794,6 +824,8 @@ class RubickEngine:
                 continue  # nobody else to shrink here
             if job.g >= job.min_g and not self._beats(job, floor):
                 continue  # no job anywhere has a slope (or priority) below the job's own any more: free GPUs only
+            if job.g >= job.min_g and self._none_below(node, job, victims):
+                continue  # no job here has a slope (or priority) below the job's own: the search would find none
             while need() > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
                 victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up())
                 if victim is None:
