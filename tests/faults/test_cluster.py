@@ -8,6 +8,7 @@ twice and a file taken out of the log are caught."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -19,9 +20,15 @@ from .cluster import KILLS, ClusterOutcome, check_log, published_ids, run_cluste
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 N = 2000
+EVERY_KILL = os.environ.get("RUBICK_CLUSTER_KILLS", "") == "all"
+"""The stream leader's kill (an election on top of the failover) runs every time; the follower's and the
+publisher's server's (20 to 60 s each on a 2-core machine) with RUBICK_CLUSTER_KILLS=all, and in
+bench/nats_cluster.py."""
 
 
-@pytest.mark.parametrize("kill", KILLS)
+@pytest.mark.parametrize("kill", [k if k == "leader" or EVERY_KILL else
+                                  pytest.param(k, marks=pytest.mark.skip(reason="RUBICK_CLUSTER_KILLS=all runs it"))
+                                  for k in KILLS])
 async def test_kill_9_of_a_cluster_server_mid_stream_loses_and_doubles_nothing(kill, tmp_path):
     outcome = await run_cluster_kill(tmp_path, N, kill)
     assert outcome.killed, outcome
