@@ -19,6 +19,8 @@ CONSUMER_LAG = Gauge("rubick_consumer_lag", "Messages stored but not yet acknowl
                      ["service"], registry=REGISTRY)
 RECORDER_ROWS = Counter("rubick_recorder_rows", "Rows written to the event log", registry=REGISTRY)
 RECORDER_FILES = Counter("rubick_recorder_files", "Parquet files written", registry=REGISTRY)
+RECORDER_MERGES = Counter("rubick_recorder_merges", "Merges of small event-log files (compaction)",
+                          registry=REGISTRY)
 RECORDER_BYTES = Counter("rubick_recorder_bytes", "Bytes of Parquet written", registry=REGISTRY)
 
 

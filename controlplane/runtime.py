@@ -51,6 +51,8 @@ class UpConfig:
     tick_period_s: float = 60.0
     roll_seconds: float = 2.0
     roll_rows: int = 200_000
+    compact: bool = True
+    """Merge the event log's small files in the background (`controlplane.recorder.compact`)."""
     log_dir: Path | None = None
     policy: str = "rubick"
     """The scheduling policy (one of `policy.registry.POLICIES`)."""
@@ -177,7 +179,8 @@ class ControlPlane:
 
             self.sim_clock = SimClock(cfg.sim_speed)
         self.recorder = Recorder(self.bus, RecorderConfig(cfg.event_log, roll_seconds=cfg.roll_seconds,
-                                                          roll_rows=cfg.roll_rows), stream)
+                                                          roll_rows=cfg.roll_rows, compact=cfg.compact),
+                                 stream)
         self.shells = [_Shell(AdmissionCore(builtin_model_types()), self.bus, rejects=True)]
         self.tasks = [asyncio.create_task(self.recorder.run(self._recorder_stop), name="recorder")]
         self.tasks += [asyncio.create_task(s.run(self._services_stop), name=s.name) for s in self.shells]

@@ -1,4 +1,4 @@
-"""`rubick log show|tail|stats <dir>`: read the Parquet event log."""
+"""`rubick log show|tail|stats <dir>`: read the Parquet event log (`rubick log compact`: `log_compact.py`)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def register(sub) -> None:
         if verb == "tail":
             v.add_argument("-f", "--follow", action="store_true", help="keep printing new rows")
         v.set_defaults(func=run)
+    from .log_compact import register as register_compact
+
+    register_compact(verbs)
 
 
 def _time(text: str | None, what: str) -> datetime | None:

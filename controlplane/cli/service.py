@@ -45,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("--log-dir", type=Path, default=Path(".rubick/events"), help="recorder: event-log folder")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="recorder: file roll interval")
     p.add_argument("--roll-rows", type=int, default=200_000, help="recorder: rows per file at most")
+    p.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
+                   help="recorder: merge small files in the background (default on; docs/eventlog.md)")
     p.add_argument("--tick-period", type=float, default=60.0, help="clock: seconds between ticks")
     p.add_argument("--policy", default="rubick", help="policy: the scheduling policy (rubick, sia, ...)")
     p.add_argument("--restart-cost", type=float, default=78.0, help="policy: seconds per reconfiguration")
@@ -163,7 +165,8 @@ class _Term:
         args, url = self.args, self.url
         bus = LeasedBus(self.bus, lease)
         if args.name == "recorder":
-            cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows)
+            cfg = RecorderConfig(args.log_dir, roll_seconds=args.roll_seconds, roll_rows=args.roll_rows,
+                                 compact=args.compact)
             recorder = LeasedRecorder(bus, cfg, stream_token(await self.bus.stream_created()), lease)
             await self._until_ready(recorder.run(stop), [recorder.ready], f"recorder ready: {redact_url(url)} -> {args.log_dir}")
         elif args.name == "clock":

@@ -34,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--network-classes", type=int, default=4, choices=range(1, 9), metavar="1-8",
                    help="traffic classes the fabric offers (default 4)")
     p.add_argument("--roll-seconds", type=float, default=2.0, help="event-log file roll interval")
+    p.add_argument("--compact", action=argparse.BooleanOptionalAction, default=True,
+                   help="merge the event log's small files in the background (default on; docs/eventlog.md)")
     p.add_argument("--sim-cluster", metavar="NxG",
                    help="also run simulated node agents: N nodes of G GPUs (e.g. 2x4); needs a fresh --data-dir. "
                         "With or without it, the run can be checked with `rubick replay DATA_DIR/events`")
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                    restart_cost_s=args.restart_cost, quotas=quotas, network=args.network,
                    network_classes=args.network_classes,
                    metrics_port=args.metrics_port, tick_period_s=args.tick_period, roll_seconds=args.roll_seconds,
-                   sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every,
+                   compact=args.compact, sim_cluster=args.sim_cluster, sim_speed=args.sim_speed, sim_sample_every_s=args.sim_sample_every,
                    insecure=args.insecure, creds=args.creds, tls_cert=args.tls_cert, tls_key=args.tls_key,
                    tls_ca=args.tls_ca, tls_verify_clients=args.tls_verify_clients)
     if args.nats_url and (args.insecure or args.tls_cert or args.tls_key):

@@ -14,6 +14,12 @@ recorder writes and acknowledges what came before it and fetches again from the
 first missing sequence. Only when a fetch started there is still handed a later
 message first are the missing ones taken as gone from the stream (its limits or
 a purge removed them), which is logged as an error and counted.
+
+With `compact` (the default), after a file is written and more than
+`compact_after` small closed files (under `roll_rows` rows) are listed, a thread
+merges them (`compact.py`) while recording goes on; the file being written is
+never one of them. A merge interrupted by a crash is resolved when the recorder
+starts, before anything else.
 """
 
 from __future__ import annotations
@@ -21,15 +27,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import polars as pl
 
 from .. import metrics
 from ..bus.base import Bus, Delivery
 from ..bus.inorder import reopen_retrying
 from .rows import row_of
-from . import manifest
+from . import compact, locks, manifest
 from .writer import TMP_PREFIX, clean_temporaries, recorded_max_seq, write_atomic
 
 log = logging.getLogger(__name__)
@@ -48,6 +57,10 @@ class RecorderConfig:
     roll_bytes: int = 64 * 1024 * 1024
     roll_seconds: float = 2.0
     fetch_batch: int = 2000
+    compact: bool = True
+    """Merge small closed files in the background (`compact.py`)."""
+    compact_after: int = 16
+    """Merge once more than this many small files (under `roll_rows` rows) are listed."""
 
 
 class Recorder:
@@ -68,10 +81,27 @@ class Recorder:
         """Messages the stream no longer had when the recorder came to them (never recorded)."""
         self._refetched_from: int | None = None
         self.on_flush = None  # optional callback(list_of_rows) for tests/benchmarks
+        self.merges: list[compact.Merge] = []
+        """The merges the background compaction made."""
+        self._compacting: asyncio.Task | None = None
+        self._stop_compacting = threading.Event()
         self.ready = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         log_dir = Path(self.cfg.log_dir)
+        try:
+            live = locks.hold_recording(log_dir, wait=False)
+        except locks.Busy:
+            log.warning("%s is being compacted by hand (rubick log compact): waiting for it", log_dir)
+            live = await asyncio.to_thread(locks.hold_recording, log_dir)
+        try:
+            await self._run(log_dir, stop)
+        finally:
+            locks.release(live)
+
+    async def _run(self, log_dir: Path, stop: asyncio.Event) -> None:
+        for note in compact.recover(log_dir, self.stream):
+            log.warning("%s", note)
         interrupted = set()
         for tmp in clean_temporaries(log_dir):
             log.warning("removed %s left by an interrupted write (its messages come again)", tmp.name)
@@ -112,6 +142,9 @@ class Recorder:
         finally:
             await self.flush()
             await consumer.close()
+            if self._compacting is not None:
+                self._stop_compacting.set()  # stops between merges; the one under way completes
+                await asyncio.gather(self._compacting, return_exceptions=True)
 
     async def _consumer(self, start_seq: int | None = None):
         return await self.bus.consumer(self.cfg.durable, (">",), ack_all=True,
@@ -183,3 +216,21 @@ class Recorder:
         if self.last is not None:
             await self.last.ack()
         self.rows, self.bytes, self.last = [], 0, None
+        if self.cfg.compact and (self._compacting is None or self._compacting.done()):
+            self._compacting = asyncio.create_task(asyncio.to_thread(self._compact_closed))
+
+    def _compact_closed(self) -> None:
+        """In a thread: merge the small closed files once there are more than `compact_after`."""
+        log_dir, target = Path(self.cfg.log_dir), max(1, self.cfg.roll_rows)
+        found = manifest.read(log_dir, self.stream)
+        if found is None or found.problems or compact.small_files(found.entries, target) <= self.cfg.compact_after:
+            return
+        try:
+            merges = compact.compact(log_dir, self.stream, target, stop=self._stop_compacting.is_set)
+        except (OSError, compact.CompactError, pl.exceptions.PolarsError) as exc:
+            log.error("compacting %s failed (the log is unchanged where it stopped): %r", log_dir, exc)
+            return
+        self.merges.extend(merges)
+        for m in merges:
+            metrics.RECORDER_MERGES.inc()
+            log.info("merged %d files into %s (%d rows)", len(m.sources), m.name, m.rows)

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from . import manifest
+from .locks import manifest_lock
 from .rows import safe_frame
 
 FILE_RE = re.compile(r"^events-(?P<stream>[0-9a-z]+)-(?P<first>\d{12})-(?P<last>\d{12})\.parquet$")
@@ -48,13 +49,15 @@ def write_atomic(log_dir: Path, stream: str, rows: list[tuple], compression: str
     safe_frame(rows).write_parquet(tmp, compression=compression, statistics=True)
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    manifest.append(log_dir, stream, manifest.file_entry(tmp, final.name, len(rows), first, last))
-    os.replace(tmp, final)
-    dir_fd = os.open(log_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    entry = manifest.file_entry(tmp, final.name, len(rows), first, last)
+    with manifest_lock(log_dir):  # a compaction rewrites the manifest under the same lock
+        manifest.append(log_dir, stream, entry)
+        os.replace(tmp, final)
+        dir_fd = os.open(log_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     return final
 
 
