@@ -33,7 +33,7 @@ FULL = merge(EXTERNAL, {
     "agent": {"priorityClassName": "system-node-critical", "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
               "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]},
     "services": {"policy": {"replicas": 2, "policy": "sia", "restartCostSeconds": 30, "quotas": {"team-a": 8, "team-b": 4}},
-                 "recorder": {"replicas": 2, "rollRows": 1000000,
+                 "recorder": {"replicas": 2, "rollRows": 1000000, "compact": False,
                               "persistence": {"accessModes": ["ReadWriteMany"], "size": "100Gi",
                                               "storageClassName": "cephfs"}},
                  "clock": {"tickPeriodSeconds": 30}, "admission": {"replicas": 3},
@@ -338,6 +338,8 @@ def test_service_deployments_parse_with_the_service_cli(rendered):
     full = {name: parser.parse_args(service_args(rendered["full"], name)) for name in SERVICES}
     assert str(full["recorder"].log_dir) == "/var/lib/rubick/events"
     assert full["recorder"].roll_rows == 1000000
+    assert full["recorder"].compact is False  # services.recorder.compact: false
+    assert parser.parse_args(service_args(rendered["defaults"], "recorder")).compact is True
     assert full["policy"].policy == "sia" and full["policy"].restart_cost == 30
     assert str(full["policy"].quotas) == "/etc/rubick/quotas.yaml"
     assert full["clock"].tick_period == 30
@@ -514,6 +516,7 @@ def test_grafana_dashboard_uses_the_exported_metrics(rendered):
     ({"services": {"recorder": {"replicas": -1}}}, r"/services/recorder/replicas.*minimum"),
     ({"jobs": {"podLabels": {"team": 3}}}, r"/jobs/podLabels/team.*want string"),
     ({"auth": {"enabled": "yes"}}, r"/auth/enabled.*want boolean"),
+    ({"services": {"recorder": {"compact": "no"}}}, r"/services/recorder/compact.*want boolean"),
     ({"bogus": 1}, r"additional properties 'bogus' not allowed"),
     ({"nats": {"url": "http://nats:4222"}}, r"/nats/url"),
 ])
