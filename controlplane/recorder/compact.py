@@ -115,14 +115,6 @@ def rolled_back(entries: list[dict[str, Any]], merged: dict[str, Any]) -> list[d
 
 # --- the files -----------------------------------------------------------------------------------------
 
-def _fsync_dir(log_dir: Path) -> None:
-    fd = os.open(log_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _read_run(log_dir: Path) -> dict[str, Any] | None:
     try:
         run = json.loads((log_dir / RUN_FILE).read_text())
@@ -138,7 +130,7 @@ def _write_run(log_dir: Path, run: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, log_dir / RUN_FILE)
-    _fsync_dir(log_dir)
+    manifest.fsync_dir(log_dir)
 
 
 def _update_run(log_dir: Path, change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
@@ -179,11 +171,11 @@ def _finish(log_dir: Path, stream: str, entry: dict[str, Any], hook: Hook) -> No
     hook("rename")
     if not final.exists():
         os.replace(tmp, final)
-        _fsync_dir(log_dir)
+        manifest.fsync_dir(log_dir)
     hook("delete")
     for source in entry["merged"]:
         (log_dir / source["name"]).unlink(missing_ok=True)
-    _fsync_dir(log_dir)
+    manifest.fsync_dir(log_dir)
     hook("settle")
     with manifest_lock(log_dir):
         found = manifest.read(log_dir, stream)

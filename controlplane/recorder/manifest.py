@@ -100,7 +100,8 @@ def streams(log_dir: Path) -> list[str]:
     return sorted(m["stream"] for p in Path(log_dir).iterdir() if (m := NAME_RE.match(p.name)))
 
 
-def _fsync_dir(log_dir: Path) -> None:
+def fsync_dir(log_dir: Path) -> None:
+    """Make a folder's entries (renames, new and removed files) durable."""
     fd = os.open(log_dir, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -117,7 +118,7 @@ def append(log_dir: Path, stream: str, entry: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     if new:
-        _fsync_dir(Path(log_dir))
+        fsync_dir(Path(log_dir))
 
 
 def write(log_dir: Path, stream: str, entries: list[dict[str, Any]]) -> None:
@@ -129,7 +130,7 @@ def write(log_dir: Path, stream: str, entries: list[dict[str, Any]]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(Path(log_dir))
+    fsync_dir(Path(log_dir))
 
 
 def repair(log_dir: Path, stream: str, interrupted: set[str]) -> list[str]:
