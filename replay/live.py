@@ -190,7 +190,8 @@ def describe(service: str, cfg: RunConfig, parts: Parts) -> RunDescribed:
 
 def description_event(description: RunDescribed, t: float) -> Event:
     """`run.described` at wall time `t`. Its id is a digest of the description, so replicas that
-    describe the same core store it once (within the stream's de-duplication window); its source is
+    describe the same core store it once (within the stream's de-duplication window; a service process publishes
+    it once, not again in a later term of its lease, `controlplane.cli.service._Term`); its source is
     the service's shell (`service-<name>`), never the core's name, as it is no answer of the core."""
     plain = to_plain(description)
     if description.network == "none":  # the same id as before descriptions could name a network

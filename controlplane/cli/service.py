@@ -140,6 +140,10 @@ class _Term:
         self.args, self.url, self.bus = args, url, bus
         self.name: str = args.name
         self.next: tuple[list[Any], Any] | None = None
+        self.described: str | None = None
+        """the id of the `run.described` this process stored last: a later term of the same process (its lease lost
+        and taken again, as when NATS was away) describes the same core and publishes nothing. Publishing it again
+        would store it twice once the stream's de-duplication window has passed."""
 
     def _build(self) -> tuple[list[Any], Any]:
         """([core, ...], description) of the admission, modeler or policy service, as `rubick up` builds
@@ -178,7 +182,9 @@ class _Term:
             from replay.live import description_event
 
             event = description_event(description, time.time())
-            await bus.publish(event.subject, encode(event), event.id)
+            if event.id != self.described:
+                await bus.publish(event.subject, encode(event), event.id)
+                self.described = event.id
             shells = [LeasedShell(core, bus, rejects=args.name == "admission", lease=lease) for core in cores]
             line = f"{args.name} ready: {redact_url(url)}"
             if len(shells) > 1:
