@@ -182,9 +182,10 @@ class Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         durables = list(VERDICT_DURABLES)
+        seen: set[str] = set()
         pause = 0.002
         while True:
-            answered = bool(durables) and await self._acknowledged(durables, seq, deadline - loop.time())
+            answered = bool(durables) and await self._acknowledged(durables, seq, deadline - loop.time(), seen)
             # a refusal is delivered before the answer that says it was acknowledged: it is queued by now
             listen = 0.001 if answered else max(0.001, min(pause, deadline - loop.time()))
             rejected = await _refusal(sub, event_id, listen)
@@ -192,18 +193,23 @@ class Client:
                 return rejected
             pause = min(2 * pause, 0.05)
 
-    async def _acknowledged(self, durables: list[str], seq: int, timeout: float) -> bool:
+    async def _acknowledged(self, durables: list[str], seq: int, timeout: float, seen: set[str]) -> bool:
         """Whether every running service of `durables` has acknowledged stream sequence `seq`. A service
-        with no consumer is dropped from `durables`; an error (no answer, no permission) empties it."""
+        with no consumer is dropped from `durables`; an error (no answer, no permission) empties it. A consumer
+        `seen` earlier in this wait that is missing now is being re-created by its service, which is starting
+        again (`JetStreamBus.consumer`): it is waited for, not dropped."""
         for durable in list(durables):
             try:
                 info = await self.bus.js.consumer_info(self.bus.stream, durable, timeout=max(0.05, min(timeout, 1.0)))
             except nats.js.errors.NotFoundError:
+                if durable in seen:
+                    return False
                 durables.remove(durable)
                 continue
             except Exception:  # noqa: BLE001 - cannot tell: wait for a refusal until the deadline
                 durables.clear()
                 return False
+            seen.add(durable)
             floor = info.ack_floor.stream_seq if info.ack_floor else 0
             if int(floor or 0) < seq:
                 return False
