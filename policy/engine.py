@@ -139,23 +139,26 @@ class _Job:
     reason: str = ""
     detail: dict[str, str] = field(default_factory=dict)
     forced: bool = False
+    up_tab: list[float] | None = None
+    """`up_table` of its curve, as a list (read once per visit: a list is cheaper to index than an array)"""
+    down_tab: list[float] | None = None
+    id: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.inp.job_id
-
-    up_tab: np.ndarray | None = None
-    down_tab: np.ndarray | None = None
+    def __post_init__(self) -> None:
+        self.id = self.inp.job_id
 
     def up(self) -> float:
-        if self.g >= self.want_g or self.g >= len(self.up_tab):
+        g = self.g
+        if g >= self.want_g or g >= len(self.up_tab):
             return 0.0
-        return float(self.up_tab[self.g])
+        return self.up_tab[g]
 
     def down(self) -> float:
-        if self.g <= self.min_g:
+        g = self.g
+        if g <= self.min_g:
             return 0.0
-        return float(self.down_tab[min(self.g, len(self.down_tab) - 1)])
+        tab = self.down_tab
+        return tab[g if g < len(tab) else len(tab) - 1]
 
 
 class _Journal:
@@ -387,9 +390,9 @@ class RubickEngine:
     def _tables(self, job: _Job) -> None:
         kind = job.inp.kind
         job.up_tab = self.book.memo(kind, ("up", job.cpg, job.ref, job.want_g),
-                                    lambda: up_table(job.curve, job.want_g))
+                                    lambda: up_table(job.curve, job.want_g).tolist())
         job.down_tab = self.book.memo(kind, ("down", job.cpg, job.ref, job.min_g),
-                                      lambda: down_table(job.curve, job.min_g))
+                                      lambda: down_table(job.curve, job.min_g).tolist())
 
     def _place_current(self) -> None:
         for job in self.jobs.values():
@@ -812,11 +815,10 @@ class RubickEngine:
         """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
         began), or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
-        need = lambda: target - job.g  # noqa: E731
         for node in self._node_order(job) if only is None else only:
-            if need() <= 0:
+            if target - job.g <= 0:
                 break
-            take = min(self.free_g[node], need())
+            take = min(self.free_g[node], target - job.g)
             if take > 0:
                 self._move(jr, node, None, job, take)
             others = self.on_node[node]
@@ -826,7 +828,7 @@ class RubickEngine:
                 continue  # no job anywhere has a slope (or priority) below the job's own any more: free GPUs only
             if job.g >= job.min_g and self._none_below(node, job, victims):
                 continue  # no job here has a slope (or priority) below the job's own: the search would find none
-            while need() > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
+            while target - job.g > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
                 victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up())
                 if victim is None:
                     break
@@ -916,8 +918,9 @@ class RubickEngine:
     def _alloc_cpus(self, jr: _Journal, job: _Job) -> bool:
         """CPUs per GPU: the fewest reaching the top of the job's CPU curve (at least its minimum),
         from free CPUs first, then from jobs on the node whose CPU slope is lower."""
-        curve = self.book.cpu_curve(job.inp.kind, tuple(job.g_on.values()))
-        want = max(knee(curve), self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
+        kind, place = job.inp.kind, canonical(tuple(job.g_on.values()))
+        top = self.book.memo(kind, ("cpu-knee", place), lambda: knee(self.book.cpu_curve(kind, place)))
+        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
         if self.fixed_resources or job.inp.requested_cpus:
             want = max(want, job.cpg) if self.fixed_resources else want
         floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
