@@ -73,6 +73,9 @@ class JobIn:
     GPU it holds, on every node."""
     current: dict[str, tuple[int, int]] = field(default_factory=dict)
     """node -> (GPUs, CPUs) decided in an earlier round."""
+    current_mem: dict[str, float] = field(default_factory=dict)
+    """node -> host memory (GB) decided in an earlier round: the job keeps it with its GPUs until a round
+    settles it again."""
     current_plan: Plan | None = None
     running: bool = False
     """The job has processes, or a launch under way, that a change would restart."""
@@ -412,6 +415,10 @@ class RubickEngine:
                 job.g += g
                 self.free_g[node] -= g
                 self.free_c[node] -= c
+                m = min(job.inp.current_mem.get(node, 0.0), max(0.0, self.free_m[node]))
+                if m > 0:
+                    job.mem_on[node] = m
+                    self.free_m[node] -= m
                 self.on_node[node].add(job.id)
                 self.placed[job.id] = job
             if job.g:
@@ -558,6 +565,9 @@ class RubickEngine:
             jr.set(self.on_node, node, self.on_node[node] - {job.id})
             jr.set(job.g_on, node, None)
             jr.set(job.c_on, node, None)
+        for node in list(job.mem_on):
+            jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+            jr.set(job.mem_on, node, None)
         jr.set(job.__dict__, "g", 0)
         jr.set(job.__dict__, "best", None)
         self._free_list = None
@@ -782,6 +792,9 @@ class RubickEngine:
             jr.set(self.free_c, node, self.free_c[node] + freed)
             if left <= 0:
                 jr.set(self.on_node, node, self.on_node[node] - {src.id})
+                if node in src.mem_on:  # off the node: its memory there is free again
+                    jr.set(self.free_m, node, self.free_m[node] + src.mem_on[node])
+                    jr.set(src.mem_on, node, None)
         jr.set(dst.g_on, node, dst.g_on.get(node, 0) + gpus)
         jr.set(dst.__dict__, "g", dst.g + gpus)
         if dst.id not in self.on_node[node]:
@@ -914,6 +927,9 @@ class RubickEngine:
                     jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
                     jr.set(job.c_on, node, None)
                     jr.set(self.on_node, node, self.on_node[node] - {job.id})
+                    if node in job.mem_on:
+                        jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+                        jr.set(job.mem_on, node, None)
 
     def _alloc_cpus(self, jr: _Journal, job: _Job) -> bool:
         """CPUs per GPU: the fewest reaching the top of the job's CPU curve (at least its minimum),

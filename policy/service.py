@@ -276,6 +276,7 @@ class PolicyCore:
         if model is None:
             return None
         current = {s.node: (s.gpus, s.cpus) for s in job.decided_allocation if s.gpus > 0}
+        memory = {s.node: float(s.mem_gb) for s in job.decided_allocation if s.gpus > 0 and s.mem_gb > 0}
         prog = self.progress.get(job.job_id, Progress())
         done = max(prog.iterations, job.iterations_done)
         if job.status == "running" and prog.iter_time_s:
@@ -286,7 +287,7 @@ class PolicyCore:
                      order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
                      requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,
-                     requested_mem_gb=float(job.requested.mem_gb), current=current,
+                     requested_mem_gb=float(job.requested.mem_gb), current=current, current_mem=memory,
                      current_plan=job.decided_plan if current else None,
                      running=job.status == "running" or bool(current),
                      remaining_iters=remaining if remaining > 0 else math.inf,
