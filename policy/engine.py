@@ -256,6 +256,10 @@ class RubickEngine:
         """job -> why its last attempt to start or grow fell short (a pending reason)"""
         self._skipped_held = False
         self._quota_used: dict[str, int] = {}
+        self._failed: dict[tuple, str] | None = None
+        """in the round's queue: the key of an attempt that failed (`_repeat_key`) -> its pending reason"""
+        self._kept = 0
+        """attempts whose changes were kept, since the queue began"""
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
             job = self.jobs[inp.job_id] = self._prepare(inp)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
@@ -266,8 +270,11 @@ class RubickEngine:
             self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
+        self._kept = 0
+        self._failed = {}
         for job in queue:
             self._schedule_job(job)
+        self._failed = None
         return [self._finish(j) for j in self.jobs.values()]
 
     # --- set-up ------------------------------------------------------------------------------
@@ -398,28 +405,34 @@ class RubickEngine:
                                       lambda: down_table(job.curve, job.min_g).tolist())
 
     def _place_current(self) -> None:
+        nodes, free_g, free_c, free_m, on_node = self.nodes, self.free_g, self.free_c, self.free_m, self.on_node
         for job in self.jobs.values():
-            for node, (g, c) in sorted(job.inp.current.items()):
-                if node not in self.nodes or g <= 0:
+            current = job.inp.current
+            if not current:
+                continue
+            for node, (g, c) in sorted(current.items()) if len(current) > 1 else current.items():
+                if node not in nodes or g <= 0:
                     if g > 0:
                         job.forced = True
                         job.reason, job.detail = "node-lost", {"node": node}
                     continue
-                g = min(g, self.free_g[node])
-                c = min(c, self.free_c[node])
+                g = min(g, free_g[node])
+                c = min(c, free_c[node])
                 if g <= 0:
                     job.forced = True
                     continue
                 job.g_on[node] = g
                 job.c_on[node] = c
                 job.g += g
-                self.free_g[node] -= g
-                self.free_c[node] -= c
-                m = min(job.inp.current_mem.get(node, 0.0), max(0.0, self.free_m[node]))
-                if m > 0:
-                    job.mem_on[node] = m
-                    self.free_m[node] -= m
-                self.on_node[node].add(job.id)
+                free_g[node] -= g
+                free_c[node] -= c
+                m = job.inp.current_mem.get(node)
+                if m:
+                    m = min(m, max(0.0, free_m[node]))
+                    if m > 0:
+                        job.mem_on[node] = m
+                        free_m[node] -= m
+                on_node[node].add(job.id)
                 self.placed[job.id] = job
             if job.g:
                 job.best = self._best_on(job, tuple(job.g_on.values()), self._cpg_of(job))
@@ -598,8 +611,13 @@ class RubickEngine:
 
     # --- CPUs ---------------------------------------------------------------------------------
     def _cpg_of(self, job: _Job) -> int:
-        ratios = [job.c_on.get(n, 0) // g for n, g in job.g_on.items() if g > 0]
-        return max(1, min(ratios)) if ratios else job.cpg
+        c_on, low = job.c_on, None
+        for n, g in job.g_on.items():
+            if g > 0:
+                r = c_on.get(n, 0) // g
+                if low is None or r < low:
+                    low = r
+        return job.cpg if low is None else (low if low > 1 else 1)
 
     def _cpu_curve(self, job: _Job) -> np.ndarray:
         return self.book.cpu_curve(job.inp.kind, tuple(job.g_on.values())) / job.ref if job.ref > 0 else None
@@ -813,6 +831,10 @@ class RubickEngine:
         if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._free_nodes():
             self.why[job.id] = "no-gpus"
             return False
+        repeat = self._repeat_key(job) if self._failed is not None and jr is None and only is None else None
+        if repeat is not None and repeat in self._failed:
+            self.why[job.id] = self._failed[repeat]
+            return False
         jr = jr if jr is not None else _Journal()
         mark = len(jr.ops)
         before = (dict(job.g_on), dict(job.c_on), job.best)
@@ -855,6 +877,8 @@ class RubickEngine:
             self._undo(jr, touched, mark)
             self.why[job.id] = ("held" if self._skipped_held else "no-gpus") \
                 if gathered < max(1, job.min_g, self._least(job)) else "no-fit"
+            if repeat is not None:
+                self._failed[repeat] = self.why[job.id]
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
             self._undo(jr, touched, mark)
@@ -863,6 +887,7 @@ class RubickEngine:
         if job.g < target:
             self.why[job.id] = "held" if self._skipped_held else "no-gpus"
         self.placed[job.id] = job
+        self._kept += 1
         for t in touched:
             self._reindex(t)
         for v in victims.values():
@@ -872,6 +897,18 @@ class RubickEngine:
         if victims and not job.reason:
             jr.set(job.__dict__, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
         return True
+
+    def _repeat_key(self, job: _Job) -> tuple | None:
+        """For a job holding nothing, in the round's queue: what its attempt reads of the job itself, with the
+        count of attempts kept so far this round. A failed attempt is undone whole, so a job with the same key
+        (another of the same kind and request, waiting after it) finds the same state and fails the same way:
+        it is answered from `_failed`, the search not run again. None for a job that holds GPUs (its own
+        placement is part of what its attempt reads)."""
+        if job.g_on:
+            return None
+        inp = job.inp
+        return (self._kept, id(inp.kind), job.cpg, job.ref, job.want_g, job.min_g, job.min_c, job.privileged,
+                id(job.request), inp.priority, inp.requested_gpus, inp.requested_cpus, inp.requested_mem_gb)
 
     def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
         if any(d is self.free_g for d, _, _ in jr.ops[mark:]):
@@ -1045,9 +1082,7 @@ class RubickEngine:
                            self._pending(job, 0, "no-fit"))
         plan = best.plan
         cur = job.inp.current_plan
-        same_alloc = {n: (g, job.c_on.get(n, 0)) for n, g in job.g_on.items()} == \
-            {n: gc for n, gc in job.inp.current.items() if gc[0] > 0}
-        if cur is not None and same_alloc and plan != cur and not job.forced and job.inp.running:
+        if cur is not None and not job.forced and job.inp.running and plan != cur and self._same_alloc(job):
             try:  # the current plan on the whole allocation (the best plan may leave GPUs unused)
                 old = self.book.oracle.evaluate(job.inp.kind.model, job.inp.kind.global_batch,
                                                 canonical(tuple(job.g_on.values())), cpg, [cur])
@@ -1063,11 +1098,29 @@ class RubickEngine:
                 return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)
 
+    @staticmethod
+    def _same_alloc(job: _Job) -> bool:
+        """Whether the job holds exactly the GPUs and CPUs it held before the round."""
+        current = job.inp.current
+        c_on = job.c_on
+        if len(job.g_on) != sum(1 for gc in current.values() if gc[0] > 0):
+            return False
+        for n, g in job.g_on.items():
+            if current.get(n) != (g, c_on.get(n, 0)):
+                return False
+        return True
+
     def _outcome(self, job: _Job, plan: Plan, tput: float, best: Best) -> Outcome:
-        used = dict(zip(sorted(job.g_on, key=lambda n: (-job.g_on[n], n)), best.placement))
-        shares = {n: (g, job.c_on.get(n, 0), round(job.mem_on.get(n, 0.0), 3)) for n, g in used.items() if g > 0}
+        g_on, c_on, mem_on = job.g_on, job.c_on, job.mem_on
+        if len(g_on) == 1:  # one node: the placement's one entry is its share there
+            [n] = g_on
+            g = best.placement[0]
+            shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3))} if g > 0 else {}
+        else:
+            used = zip(sorted(g_on, key=lambda n: (-g_on[n], n)), best.placement)
+            shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3)) for n, g in used if g > 0}
         reason = job.reason or ("start" if not job.inp.current else "keep")
-        given, curve, g, ref = dict(job.detail), job.curve, job.g, job.ref
+        given, curve, g, ref = job.detail, job.curve, job.g, job.ref  # a job's detail is replaced, never changed
         quota = None
         if job.inp.guaranteed and not job.privileged and "guarantee" not in given:
             quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort

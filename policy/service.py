@@ -55,6 +55,9 @@ class Progress:
     iter_time_s: float | None = None
 
 
+_NO_PROGRESS = Progress()
+
+
 @dataclass
 class PolicyCore:
     """`policy`: one of `policy.registry.POLICIES`, built by `make_policy`."""
@@ -96,6 +99,11 @@ class PolicyCore:
     """The plan features of jobs without a workload (`PlanSupport`): the example trainer's where real agents
     run them (`controlplane.events.workload.EXAMPLE_TRAINER`); None where they are simulated (any plan)."""
     _kinds: dict = field(default_factory=dict, repr=False)
+    _job_kinds: dict = field(default_factory=dict, repr=False)
+    """job -> (model, support, kind): its `_kind`, looked up again only when its model or support object changes"""
+    _shapes: dict = field(default_factory=dict, repr=False)
+    """job -> (its decided allocation, node -> (GPUs, CPUs), node -> memory): `JobIn.current` and `current_mem`,
+    rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +158,8 @@ class PolicyCore:
             self.changes.pop(event.payload.job_id, None)
             self.ref_iter.pop(event.payload.job_id, None)
             self.progress.pop(event.payload.job_id, None)
+            self._shapes.pop(event.payload.job_id, None)
+            self._job_kinds.pop(event.payload.job_id, None)
         if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
@@ -159,7 +169,8 @@ class PolicyCore:
                 out.extend(self._publish_pending(event, {job.job_id: Pending(job_id=job.job_id, reason="batch")},
                                                  ()))
         if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
-            for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress):
+            for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
+                          self._job_kinds):
                 table.pop(event.payload.job_id, None)
         return out
 
@@ -275,16 +286,24 @@ class PolicyCore:
         model = self.model_of(job)
         if model is None:
             return None
-        current = {s.node: (s.gpus, s.cpus) for s in job.decided_allocation if s.gpus > 0}
-        memory = {s.node: float(s.mem_gb) for s in job.decided_allocation if s.gpus > 0 and s.mem_gb > 0}
-        prog = self.progress.get(job.job_id, Progress())
+        job_id, alloc = job.job_id, job.decided_allocation
+        held = self._shapes.get(job_id)
+        if held is None or held[0] is not alloc:  # what it holds, as the engine reads it: rebuilt when a decision changes it
+            held = self._shapes[job_id] = (alloc, {s.node: (s.gpus, s.cpus) for s in alloc if s.gpus > 0},
+                                           {s.node: float(s.mem_gb) for s in alloc if s.gpus > 0 and s.mem_gb > 0})
+        _, current, memory = held
+        support = self._support(job)
+        known = self._job_kinds.get(job_id)
+        if known is None or known[0] is not model or known[1] is not support:
+            known = self._job_kinds[job_id] = (model, support, self._kind(model, job.global_batch_size,
+                                                                          job.requested_plan, support))
+        prog = self.progress.get(job_id, _NO_PROGRESS)
         done = max(prog.iterations, job.iterations_done)
         if job.status == "running" and prog.iter_time_s:
             done += max(0.0, t - prog.at) / prog.iter_time_s
         remaining = max(0.0, job.target_iterations - done)
-        return JobIn(job_id=job.job_id, tenant=job.tenant, guaranteed=job.guaranteed,
-                     kind=self._kind(model, job.global_batch_size, job.requested_plan, self._support(job)),
-                     order=self.order.get(job.job_id, len(self.order)), priority=job.priority,
+        return JobIn(job_id=job_id, tenant=job.tenant, guaranteed=job.guaranteed, kind=known[2],
+                     order=self.order.get(job_id, len(self.order)), priority=job.priority,
                      requested_gpus=job.requested.gpus,
                      requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,
                      requested_mem_gb=float(job.requested.mem_gb), current=current, current_mem=memory,
