@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from controlplane.gc_tuning import tune  # noqa: E402
 from controlplane.events import (JobCompleted, JobPreempted, JobReconfigured, JobStarted,  # noqa: E402
                                  JobSubmitted, ModelRef, NodeRegistered, Plan, Resources, make)
 from modeler.service import make_core  # noqa: E402
@@ -158,6 +159,7 @@ def _tick(seq: int):
 
 
 def main(argv=None) -> int:
+    tune()  # the collector's thresholds of a `rubick service policy` process
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64:50,1024:1000,8192:5000", help="GPUS:JOBS,...")
     ap.add_argument("--rounds", type=int, default=30)

@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         _deepest(parser, words).print_help()
         return 2
+    from controlplane.gc_tuning import tune
+    tune()  # long runs (simulate, replay, the services) spend less time in the garbage collector
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
