@@ -116,11 +116,19 @@ def simulate(trace: Path, jobs_table: Path, cluster: str, out: Path, timeout_s: 
            "--max-time-h", "2000", "--no-progress"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-        code, text = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code, text = "timeout", (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        text, _ = proc.communicate(timeout=timeout_s)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:  # stop it as a user would: it writes what it simulated so far, then exits
+        proc.terminate()
+        try:
+            text, _ = proc.communicate(timeout=120)
+            code = f"stopped at the {timeout_s:g} s limit"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+            code = f"killed at the {timeout_s:g} s limit"
     wall = time.perf_counter() - t0
     peak_mb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024
     summary = {}
