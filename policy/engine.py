@@ -636,7 +636,8 @@ class RubickEngine:
     def _free_nodes(self) -> list[str]:
         """Nodes with free GPUs, most free first (cached until free GPUs change)."""
         if self._free_list is None:
-            self._free_list = sorted((n for n in self.order if self.free_g[n] > 0), key=lambda n: -self.free_g[n])
+            free = self.free_g  # a stable sort, most free first: equal counts keep the nodes' order
+            self._free_list = sorted([n for n in self.order if free[n] > 0], key=free.__getitem__, reverse=True)
         return self._free_list
 
     def _node_order(self, job: _Job) -> list[str]:
@@ -651,7 +652,7 @@ class RubickEngine:
             avail = {n: self._available(n, job) for n in self.order if n not in seen}
             return mine + sorted((n for n, a in avail.items() if a[0] > 0),
                                  key=lambda n: (-avail[n][0], -avail[n][1], -self.free_g[n], n))
-        order = mine + [n for n in self._free_nodes() if n not in seen]
+        order = mine + ([n for n in self._free_nodes() if n not in seen] if seen else self._free_nodes())
         seen.update(order)
         if self._beats(job, self.lowest):
             # the jobs it may shrink are a prefix of the index (lowest priority, then slope, first): find its end by
