@@ -45,3 +45,17 @@ def test_memory_is_freed_with_the_job_that_held_it():
     core.handle(c.ev("job.submitted", _asking("b", 1, 60.0)))
     out = core.handle(c.ev("job.completed", completed("a")))
     assert [(s.node, s.mem_gb) for s in decisions(out)["b"].allocation] == [("n0", 60.0)]
+
+
+def test_a_job_taken_off_a_node_leaves_its_memory_to_the_job_that_took_its_gpus():
+    """One GPU and 100 GB: a higher-priority job preempts the one there in the same round, so the 60 GB it
+    held are free again for the newcomer (held back, the newcomer would not fit: 40 GB left)."""
+    core = core_for("rubick", hold_s=0, batch_s=0)
+    c = Clock()
+    core.handle(c.ev("node.registered", node("n0", gpus=1, cpus=16, mem_gb=100.0)))
+    core.handle(c.ev("job.submitted", _asking("low", 1, 60.0)))
+    assert [(s.node, s.mem_gb) for s in core.state.jobs["low"].decided_allocation] == [("n0", 60.0)]
+    out = core.handle(c.ev("job.submitted", replace(_asking("high", 1, 60.0), priority=10)))
+    got = decisions(out)
+    assert got["low"].allocation == () and got["low"].reason == "preempted"
+    assert [(s.node, s.gpus, s.mem_gb) for s in got["high"].allocation] == [("n0", 1, 60.0)]
