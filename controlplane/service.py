@@ -111,6 +111,8 @@ class ServiceShell:
     handled: int = 0
     failed: int = 0
     """Messages the core failed on (each answered with a `*.rejected` event)."""
+    seq: int = 0
+    """Stream sequence of the last message this shell is done with: rebuilt from, handled, or refused."""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     observer: object | None = None
     """What computes metrics from the core's state around each `handle()` (`before(event, live)`,
@@ -142,6 +144,7 @@ class ServiceShell:
             if self.observer is not None:
                 self.observer.after(event, out)
             self.restored += 1
+            self.seq = d.seq
             await asyncio.sleep(0)  # a long rebuild must not starve the lease's renewals (nor anything else)
         if self.observer is not None:
             self.observer.refresh()
@@ -185,6 +188,7 @@ class ServiceShell:
                     await self.publish([answer])
                 log.info("%s: refused seq %d on %s: %s", self.name, d.seq, d.subject, exc)
             await d.ack()
+            self.seq = d.seq
             return
         if self.observer is not None:
             self.observer.before(event)
@@ -202,6 +206,7 @@ class ServiceShell:
         if out:
             await publish_encoded(self.bus, self.name, out)
         await d.ack()
+        self.seq = d.seq
 
     async def publish(self, events: list[Event]) -> None:
         await publish_events(self.bus, self.name, events)

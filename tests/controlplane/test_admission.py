@@ -24,13 +24,15 @@ async def run_shell(bus: MemoryBus, until: int, core: AdmissionCore | None = Non
     shell = ServiceShell(core or AdmissionCore(KNOWN), bus, rejects=True)
     stop = asyncio.Event()
     task = asyncio.create_task(shell.run(stop))
-    for _ in range(200):
+    for _ in range(3000):  # until every stored message of its subjects (its own answers too) is done
         await asyncio.sleep(0.01)
-        if await bus.last_seq() >= until and shell.ready.is_set():
-            consumer_done = shell.handled + shell.restored
-            await asyncio.sleep(0.05)
-            if shell.handled + shell.restored == consumer_done:
-                break
+        last = 0
+        async for d in bus.read(tuple(shell.core.subjects), 1, await bus.last_seq()):
+            last = d.seq
+        if await bus.last_seq() >= until and shell.ready.is_set() and shell.seq >= last:
+            break
+    else:
+        raise AssertionError(f"the shell got to seq {shell.seq} of {await bus.last_seq()} in 30 s")
     stop.set()
     await task
     return shell

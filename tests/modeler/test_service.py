@@ -235,13 +235,13 @@ async def _run_shell(bus: MemoryBus, core: ModelerCore) -> ServiceShell:
     shell = ServiceShell(core, bus)
     stop = asyncio.Event()
     task = asyncio.create_task(shell.run(stop))
-    for _ in range(500):
+    for _ in range(3000):
         await asyncio.sleep(0.01)
-        mine = sum(1 for _, s, _ in bus.messages() if s in core.subjects)
-        if shell.ready.is_set() and shell.handled + shell.restored >= mine:
-            await asyncio.sleep(0.02)
-            if shell.handled + shell.restored >= sum(1 for _, s, _ in bus.messages() if s in core.subjects):
-                break
+        last = max((q for q, s, _ in bus.messages() if s in core.subjects), default=0)
+        if shell.ready.is_set() and shell.seq >= last:
+            break
+    else:
+        raise AssertionError(f"the shell got to seq {shell.seq} in 30 s")
     stop.set()
     await task
     return shell

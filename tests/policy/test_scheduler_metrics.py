@@ -51,13 +51,18 @@ class Feed:
         """Let a shell (this one, or a new one on the core) handle everything stored."""
         shell = shell or self.shell or ServiceShell(self.core, self.bus)
         self.shell = shell
+        shell.ready.clear()  # set again by this run, once it has rebuilt its state
         stop = asyncio.Event()
         task = asyncio.create_task(shell.run(stop))
-        stored = len([d async for d in self.bus.read(tuple(shell.core.subjects), 1, await self.bus.last_seq())])
-        for _ in range(1000):
+        last = 0  # the last stored event of the core's subjects: done once the shell is past it
+        async for d in self.bus.read(tuple(shell.core.subjects), 1, await self.bus.last_seq()):
+            last = d.seq
+        for _ in range(3000):
             await asyncio.sleep(0.01)
-            if shell.ready.is_set() and shell.handled + shell.restored >= stored:
+            if shell.ready.is_set() and shell.seq >= last:
                 break
+        else:
+            raise AssertionError(f"the shell got to seq {shell.seq} of {last} in 30 s")
         stop.set()
         await task
         return shell
