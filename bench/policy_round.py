@@ -10,6 +10,12 @@ starts (`job.started`), a running job given others restarts (`job.reconfigured`)
 stops (`job.preempted`); `changed/round` is how many decisions a round publishes. The oracle is
 the fitted performance model, as in a live cluster.
 
+The policy core has handled a `clock.tick` (60 s) before the first round, as every deployed one has
+(`rubick up`, the chart and the simulator publish them): a job a decision changed less than the hold
+ago keeps its allocation against best-effort reasons (`RubickEngine.hold_s`), and the rounds, one
+simulated second apart, see those holds. `--no-ticks` times a core that never saw a tick: no job is
+held, so every round may move every job (tens to hundreds of restarts a round; no deployment runs so).
+
     .venv/bin/python bench/policy_round.py                 # 64/50, 1024/1000, 8192/5000
     .venv/bin/python bench/policy_round.py --sizes 64:50 --rounds 50 --policy rubick
 """
@@ -104,9 +110,12 @@ def agents(core, decided: list, t: float) -> None:
             core.state.apply(out)
 
 
-def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, reasons: bool = True) -> dict:
+def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, reasons: bool = True,
+        ticks: bool = True) -> dict:
     core, submit, rng = build(policy, nodes, jobs, seed, modeler)
     core.reasons = core.engine.reasons = reasons
+    if ticks:  # the period it announces is what holds are counted against (nothing is dirty: no round runs)
+        assert not core.handle(make("clock.tick", _tick(0), time=0.0, id="b-tick-start", source="bench"))
     tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
     t0 = time.perf_counter()
     decided = core.run_round(tick)
@@ -146,8 +155,10 @@ def overhead(args, modeler) -> int:
         rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
         on, off = [], []
         for _ in range(args.repeats):
-            off.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=False)["median_s"])
-            on.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=True)["median_s"])
+            off.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=False,
+                           ticks=args.ticks)["median_s"])
+            on.append(run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, reasons=True,
+                          ticks=args.ticks)["median_s"])
         a, b = statistics.median(off), statistics.median(on)
         print(f"{gpus:>6} {jobs:>6} {a * 1e3:>9.2f}ms {b * 1e3:>8.2f}ms {b / a:>7.3f}")
     return 0
@@ -169,18 +180,21 @@ def main(argv=None) -> int:
                     help="time each size with and without the pending reasons (plan.pending), alternating, "
                          "and print the ratio of the medians")
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting with --reasons-overhead")
+    ap.add_argument("--no-ticks", dest="ticks", action="store_false",
+                    help="a policy core that never saw a clock tick: no job is held (see above)")
     args = ap.parse_args(argv)
     modeler = make_core()
     if args.reasons_overhead:
         return overhead(args, modeler)
-    print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size")
+    print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size; "
+          + ("clock ticks every 60 s (holds on)" if args.ticks else "no clock tick seen (no job held)"))
     print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'changed/round':>14} "
           f"{'plans evaluated':>16}")
     rows = []
     for item in args.sizes.split(","):
         gpus, jobs = (int(x) for x in item.split(":"))
         rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
-        r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler)
+        r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks)
         rows.append(r)
         print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {r['median_s'] * 1e3:>8.2f}ms "
               f"{r['p99_s'] * 1e3:>8.2f}ms {r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
