@@ -260,6 +260,12 @@ class RubickEngine:
         """in the round's queue: the key of an attempt that failed (`_repeat_key`) -> its pending reason"""
         self._kept = 0
         """attempts whose changes were kept, since the queue began"""
+        self._scans: dict[str, list[list]] = {}
+        """node -> `_candidates`, as of `_memo_kept` kept attempts"""
+        self._orders: dict[int, list[str]] = {}
+        """the end of the prefix of the index a job holding nothing may shrink (-1: none) -> its `_node_order`, as
+        of `_memo_kept` kept attempts"""
+        self._memo_kept = -1
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
             job = self.jobs[inp.job_id] = self._prepare(inp)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
@@ -640,10 +646,25 @@ class RubickEngine:
             self._free_list = sorted([n for n in self.order if free[n] > 0], key=free.__getitem__, reverse=True)
         return self._free_list
 
-    def _node_order(self, job: _Job) -> list[str]:
+    def _node_order(self, job: _Job, memo: dict | None = None) -> list[str]:
         """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
         lower slope than its own. Under its own minimum: its own, then every node by the GPUs it
-        could get there, most first."""
+        could get there, most first.
+
+        `memo` (an attempt in the round's queue): the order of a job holding nothing is kept by the end of the
+        index's prefix it may shrink, for the next such attempts until one is kept (the free nodes and the
+        prefix's nodes are the same until then: a failed attempt is undone whole)."""
+        if memo is not None and not job.g_on and job.g >= job.min_g:
+            if self._beats(job, self.lowest):
+                prio, up = job.inp.priority, job.up()
+                end = bisect.bisect_left(self.by_down, True,
+                                         key=lambda k: not (k[0] < prio or (k[0] == prio and k[1] + EPS < up)))
+            else:
+                end = -1
+            order = memo.get(end)
+            if order is None:
+                order = memo[end] = self._node_order(job)
+            return order
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
         seen = set(mine)
         if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable,
@@ -709,32 +730,57 @@ class RubickEngine:
             return False
         return not self.fixed_resources
 
-    def _lowest_slope_over_min(self, node: str, job: _Job, limit: float) -> _Job | None:
+    def _lowest_slope_over_min(self, node: str, job: _Job, limit: float, memo: dict | None = None) -> _Job | None:
         """The job on `node` with the lowest priority, then slope, that `job` may take a GPU from (a slope
-        below `limit` among its own priority, any slope below it) and that may give up a GPU there."""
-        best, best_key = None, None
-        dkey = self._dkey
+        below `limit` among its own priority, any slope below it) and that may give up a GPU there.
+
+        `memo` (an attempt in the round's queue that has shrunk no job yet): what the search reads of the jobs on
+        the node, kept for the next attempts until one is kept (`_candidates`)."""
         prio = job.inp.priority
         # in id order: the victim chosen does not depend on the order (its key decides), but whether a held job
         # was passed over (`held_back`, the pending reason `held`) must not depend on a set's hash order
-        for vid in sorted(self.on_node[node]):
-            if vid == job.id or vid not in dkey:  # not over its minimum when the attempt began
+        entries = memo.get(node) if memo is not None else None
+        if entries is None:
+            entries = self._candidates(node)
+            if memo is not None and job.id not in self.on_node[node]:
+                memo[node] = entries  # read of jobs as they were when the attempt began (it holds nothing here)
+        best, best_key = None, None
+        finite = math.isfinite(limit)
+        for e in entries:
+            vid, vp, down, key = e[0], e[1], e[2], e[3]
+            if vid == job.id:
                 continue
-            v = self.jobs[vid]
-            down = v.down()
-            vp = v.inp.priority
-            if math.isfinite(limit) and (vp > prio or (vp == prio and down + EPS >= limit)):
+            if finite and (vp > prio or (vp == prio and down + EPS >= limit)):
                 continue
-            key = (vp, down, -v.inp.order, vid)
             if best_key is not None and key >= best_key:
                 continue
-            if not self._over_min(v) or (v.privileged and not self._keeps_guarantee(v, node)):
+            ok = e[5]
+            if ok is None:  # worked out when first needed, as the search did
+                v = e[4]
+                ok = e[5] = self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node))
+            if not ok:
                 continue
-            if vid in self.held and job.g >= job.min_g:
+            if e[6] and job.g >= job.min_g:
                 self.held_back = self._skipped_held = True
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
-            best, best_key = v, key
+            best, best_key = e[4], key
         return best
+
+    def _candidates(self, node: str) -> list[list]:
+        """What `_lowest_slope_over_min` reads of the jobs on `node` over their minimum when the attempt began
+        (those in the index), in id order: [id, priority, slope down, key, job, may give up a GPU there (None:
+        not worked out yet), held]. It depends only on the jobs there: an attempt changes them only by taking
+        GPUs from them, or by placing the job itself on the node, and a failed attempt is undone whole."""
+        dkey, jobs, held = self._dkey, self.jobs, self.held
+        out = []
+        for vid in sorted(self.on_node[node]):
+            if vid not in dkey:  # not over its minimum when the attempt began
+                continue
+            v = jobs[vid]
+            down = v.down()
+            vp = v.inp.priority
+            out.append([vid, vp, down, (vp, down, -v.inp.order, vid), v, None, vid in held])
+        return out
 
     def _none_below(self, node: str, job: _Job, victims: dict[str, _Job]) -> bool:
         """Whether no job on `node` that `_lowest_slope_over_min` would consider has a priority, or slope, below
@@ -832,7 +878,8 @@ class RubickEngine:
         if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._free_nodes():
             self.why[job.id] = "no-gpus"
             return False
-        repeat = self._repeat_key(job) if self._failed is not None and jr is None and only is None else None
+        queued = self._failed is not None and jr is None and only is None  # an attempt of the round's queue
+        repeat = self._repeat_key(job) if queued else None
         if repeat is not None and repeat in self._failed:
             self.why[job.id] = self._failed[repeat]
             return False
@@ -851,7 +898,12 @@ class RubickEngine:
         """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
         began), or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
-        for node in self._node_order(job) if only is None else only:
+        scans = orders = None
+        if queued:
+            if self._memo_kept != self._kept:
+                self._scans, self._orders, self._memo_kept = {}, {}, self._kept
+            scans, orders = self._scans, self._orders
+        for node in self._node_order(job, orders) if only is None else only:
             if target - job.g <= 0:
                 break
             take = min(self.free_g[node], target - job.g)
@@ -865,7 +917,8 @@ class RubickEngine:
             if job.g >= job.min_g and self._none_below(node, job, victims):
                 continue  # no job here has a slope (or priority) below the job's own: the search would find none
             while target - job.g > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
-                victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up())
+                victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up(),
+                                                     None if victims else scans)
                 if victim is None:
                     break
                 self._move(jr, node, victim, job, 1)
