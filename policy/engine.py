@@ -739,13 +739,25 @@ class RubickEngine:
         prio = job.inp.priority
         # in id order: the victim chosen does not depend on the order (its key decides), but whether a held job
         # was passed over (`held_back`, the pending reason `held`) must not depend on a set's hash order
-        entries = memo.get(node) if memo is not None else None
-        if entries is None:
-            entries = self._candidates(node)
+        slot = memo.get(node) if memo is not None else None
+        if slot is None:
+            slot = [self._candidates(node), None]
             if memo is not None and job.id not in self.on_node[node]:
-                memo[node] = entries  # read of jobs as they were when the attempt began (it holds nothing here)
-        best, best_key = None, None
+                memo[node] = slot  # read of jobs as they were when the attempt began (it holds nothing here)
+        entries = slot[0]
         finite = math.isfinite(limit)
+        if memo is not None and finite and not job.g_on and job.g >= job.min_g:
+            # a job that held nothing when its attempt began (it is none of the entries) and takes only from jobs not
+            # held: when no job that may give up a GPU and is not held passes the limit, the search finds none, and
+            # it passes over a held one if the lowest of those passes (passing the limit holds for every lower key)
+            if slot[1] is None:
+                slot[1] = self._lowest_of(node, entries)
+            free, held = slot[1]
+            if free is None or not (free[0] < prio or (free[0] == prio and free[1] + EPS < limit)):
+                if held is not None and (held[0] < prio or (held[0] == prio and held[1] + EPS < limit)):
+                    self.held_back = self._skipped_held = True
+                return None
+        best, best_key = None, None
         for e in entries:
             vid, vp, down, key = e[0], e[1], e[2], e[3]
             if vid == job.id:
@@ -765,6 +777,25 @@ class RubickEngine:
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
             best, best_key = e[4], key
         return best
+
+    def _lowest_of(self, node: str, entries: list[list]) -> tuple[tuple | None, tuple | None]:
+        """The lowest (priority, slope down) of the entries that may give up a GPU on `node`: of those not held,
+        and of those held (None where there is none)."""
+        free = held = None
+        for e in entries:
+            ok = e[5]
+            if ok is None:
+                v = e[4]
+                ok = e[5] = self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node))
+            if not ok:
+                continue
+            rank = (e[1], e[2])
+            if e[6]:
+                if held is None or rank < held:
+                    held = rank
+            elif free is None or rank < free:
+                free = rank
+        return free, held
 
     def _candidates(self, node: str) -> list[list]:
         """What `_lowest_slope_over_min` reads of the jobs on `node` over their minimum when the attempt began
