@@ -266,8 +266,9 @@ class RubickEngine:
         """the end of the prefix of the index a job holding nothing may shrink (-1: none) -> its `_node_order`, as
         of `_memo_kept` kept attempts"""
         self._memo_kept = -1
+        prepared, self._prepared = getattr(self, "_prepared", {}), {}
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
-            job = self.jobs[inp.job_id] = self._prepare(inp)
+            job = self.jobs[inp.job_id] = self._prepare(inp, prepared)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
@@ -369,12 +370,23 @@ class RubickEngine:
         return (tuple(sorted(bounds.items())) if bounds else None,
                 seen.get(kind.model.name, 0.0) if seen else 0.0, self.guarantee_margin)
 
-    def _prepare(self, inp: JobIn) -> _Job:
+    def _prepare(self, inp: JobIn, prepared: dict | None = None) -> _Job:
+        """The job for this round, from what its request means (`_demand`, memoised per kind). `prepared`: the
+        last round's job id -> (what the memo's key was made of, its answer); a job asking the same of the same
+        kind, at the same model version, takes its answer from there without hashing the key again."""
         guaranteed = inp.guaranteed and not self.fixed_resources
-        key = ("job", inp.requested_plan, inp.requested_gpus, self._ratio(inp), guaranteed,
-               self._margins_key(inp.kind) if guaranteed else None)
-        cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = self.book.memo(
-            inp.kind, key, lambda: self._demand(inp, guaranteed))
+        kind, plan, gpus, ratio = inp.kind, inp.requested_plan, inp.requested_gpus, self._ratio(inp)
+        version = self.book._key(kind)  # the kind's memo key at its model's version: the same object until a refit
+        margins = self._margins_key(kind) if guaranteed else None
+        held = prepared.get(inp.job_id) if prepared is not None else None
+        if (held is None or held[0] is not kind or held[1] is not version or held[2] is not plan or held[3] != gpus
+                or held[4] != ratio or held[5] != guaranteed or held[6] != margins):
+            key = ("job", plan, gpus, ratio, guaranteed, margins)
+            held = (kind, version, plan, gpus, ratio, guaranteed, margins,
+                    self.book.memo(kind, key, lambda: self._demand(inp, guaranteed)))
+        if prepared is not None:
+            self._prepared[inp.job_id] = held
+        cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = held[7]
         return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
                     up_tab=up_tab, down_tab=down_tab, request=request)
 

@@ -1,6 +1,7 @@
 """The round's memos change no decision: a busy cluster driven through the policy core (holds on, as a
-deployed core runs, guarantees and best-effort jobs, completions, arrivals and the agents' answers), once as
-it runs and once with the memos off, publishes the same events byte for byte."""
+deployed core runs, guarantees and best-effort jobs, completions, arrivals, the agents' answers, measured
+iterations and a refit), once as it runs and once with the memos off, publishes the same events byte for
+byte."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import random
 
 import pytest
 
-from controlplane.events import (ClockTick, JobCompleted, JobPreempted, JobReconfigured, JobStarted, Plan, encode,
-                                 make)
+from controlplane.events import (ClockTick, JobCompleted, JobPreempted, JobReconfigured, JobStarted, MetricsIteration,
+                                 ModelUpdated, Plan, encode, make)
 from modeler.service import make_core
 from policy import engine as engine_mod
 from policy.oracle import from_modeler
@@ -79,6 +80,19 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40) -> tuple[
             feed(f"job.preempted.{where}", JobPreempted(job_id=victim, reason="node drained", iterations_done=10),
                  dt=5.0)
         submit()
+        if step % 5 == 0:  # measured iterations slower than predicted: the oracle trusts its predictions less
+            for job_id in running[:6]:
+                st = core.state.jobs.get(job_id)
+                if st is None or st.status != "running" or not st.decided_allocation or st.predicted_throughput <= 0:
+                    continue
+                feed(f"metrics.iteration.{st.decided_allocation[0].node}", MetricsIteration(
+                    job_id=job_id, model_type=st.model_type, iteration=step, plan=st.decided_plan,
+                    iter_time_s=2.0 * st.global_batch_size / st.predicted_throughput,
+                    gpus_per_node=tuple(x.gpus for x in st.decided_allocation), node=st.decided_allocation[0].node))
+        if step == steps // 2:  # a refit of one type: its curves, and every job of it, are worked out again
+            params = dict(MODELER.types["gpt2"].params.as_dict())
+            params["k_bwd"] *= 1.2
+            feed("model.updated", ModelUpdated(model_type="gpt2", version=2, params=params, n_points=12, rmsle=0.05))
         feed("clock.tick", ClockTick(seq=step, period_s=60.0), dt=30.0)  # holds end as the run goes on
     return out, core
 
@@ -119,6 +133,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", no_memo)
     monkeypatch.setattr(engine_mod.RubickEngine, "_repeat_key", lambda self, job: None)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", lambda self, job, memo=None: ordered(self, job))
+    real_prepare = engine_mod.RubickEngine._prepare
+    monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", lambda self, inp, prepared=None: real_prepare(self, inp))
     calls["candidates"] = calls["orders"] = 0
     without, _ = drive(seed)
 
