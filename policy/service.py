@@ -105,6 +105,8 @@ class PolicyCore:
     """job -> (its decided allocation, node -> (GPUs, CPUs), node -> memory): `JobIn.current` and `current_mem`,
     rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
+    _made: dict = field(default_factory=dict, repr=False)
+    """job -> ((reason, GPUs, needs, detail), the `Pending` made of them) in the last round"""
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -366,7 +368,8 @@ class PolicyCore:
             return out
         for job_id in [j for j in self.pending if j not in pending_now and j not in self.state.open_jobs]:
             del self.pending[job_id]  # over, suspended or cancelled: it leaves the set without a word
-        changed = {j: p for j, p in pending_now.items() if self.pending.get(j) != p}
+        pending = self.pending
+        changed = {j: p for j, p in pending_now.items() if pending.get(j) is not p and pending.get(j) != p}
         cleared = sorted(j for j in self.pending if j not in pending_now)
         return out + self._publish_pending(event, changed, cleared)
 
@@ -374,11 +377,16 @@ class PolicyCore:
         """Each waiting or short job's reason after a round (the engine's, or `no-gpus` for a job it did
         not place and gave no reason for)."""
         out = {}
+        made, self._made = self._made, {}
         for o in outcomes:
             if o.pending is not None:
                 reason, needs, detail = o.pending
-                out[o.job_id] = Pending(job_id=o.job_id, reason=reason, gpus=sum(g for g, _, _ in o.shares.values()),
-                                        needs_gpus=needs, detail=detail)
+                raw = (reason, sum(g for g, _, _ in o.shares.values()), needs, detail)
+                held = made.get(o.job_id)
+                if held is None or held[0] != raw:  # the same reason as last round: the same Pending object
+                    held = (raw, Pending(job_id=o.job_id, reason=reason, gpus=raw[1], needs_gpus=needs, detail=detail))
+                self._made[o.job_id] = held
+                out[o.job_id] = held[1]
             elif not o.shares and o.reason not in WITHDRAWN:
                 out[o.job_id] = Pending(job_id=o.job_id, reason="no-fit" if "fits" in o.detail.get("why", "")
                                         else "no-gpus")
