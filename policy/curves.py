@@ -129,7 +129,7 @@ class PlanBook:
     evaluations: int = 0
 
     def _key(self, kind: JobKind) -> tuple:
-        version = self.oracle.version(kind.model.name)
+        version = self.oracle.version(kind.cache_key[0])  # the model's name (a property: slower to read)
         held = kind.__dict__.get("_versioned")  # (version, key): built once per kind and version
         if held is None or held[0] != version:
             held = (version, kind.cache_key + (version,))

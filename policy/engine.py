@@ -260,6 +260,8 @@ class RubickEngine:
         """in the round's queue: the key of an attempt that failed (`_repeat_key`) -> its pending reason"""
         self._kept = 0
         """attempts whose changes were kept, since the queue began"""
+        self._least_seen: dict[tuple[int, int], int] = {}
+        """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""
         self._scans: dict[str, list[list]] = {}
         """node -> `_candidates`, as of `_memo_kept` kept attempts"""
         self._orders: dict[int, list[str]] = {}
@@ -460,7 +462,7 @@ class RubickEngine:
         guaranteed job that meets its guarantee keeps it; one that does not (it ran over quota
         before, or its placement is too fragmented) is placed again as a privileged job."""
         used: dict[str, int] = {}
-        retry = []
+        retry: set[str] = set()  # ids: a job is no other's equal, and comparing dataclasses field by field is slow
         for job in self.jobs.values():
             if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
                 continue
@@ -472,9 +474,9 @@ class RubickEngine:
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 self._reindex(job)
             else:
-                retry.append(job)
+                retry.add(job.id)
         for job in self.jobs.values():
-            if not job.inp.guaranteed or (job.g and job not in retry):
+            if not job.inp.guaranteed or (job.g and job.id not in retry):
                 continue
             if self._quota_left(job, used) < job.min_g:
                 job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
@@ -1151,7 +1153,12 @@ class RubickEngine:
         def first() -> int:
             hit = np.flatnonzero(job.curve > 0)
             return int(hit[0]) if len(hit) else 0
-        return self.book.memo(job.inp.kind, ("least", job.cpg), first)
+        kind = job.inp.kind
+        key = (id(kind), job.cpg)  # the book's memo, read once per kind object and CPUs per GPU in a round
+        least = self._least_seen.get(key)
+        if least is None:
+            least = self._least_seen[key] = self.book.memo(kind, ("least", job.cpg), first)
+        return least
 
     def _pending(self, job: _Job, gpus: int, why: str | None = None) -> tuple[str, int, dict[str, str]] | None:
         """Why the job holds no GPUs, or fewer than it asked for and could use; None when it does not."""
