@@ -30,9 +30,10 @@ waits (`rubick-e`, `rubick-n`); the plan space comes from each job's `JobKind`.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -660,7 +661,7 @@ class RubickEngine:
             self._free_list = sorted([n for n in self.order if free[n] > 0], key=free.__getitem__, reverse=True)
         return self._free_list
 
-    def _node_order(self, job: _Job, memo: dict | None = None) -> list[str]:
+    def _node_order(self, job: _Job, memo: dict | None = None) -> Iterable[str]:
         """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
         lower slope than its own. Under its own minimum: its own, then every node by the GPUs it
         could get there, most first.
@@ -684,9 +685,7 @@ class RubickEngine:
         if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable,
             # those no other guarantee holds first (a guarantee's GPUs over its minimum come from one pool,
             # so counting them on every node it holds would scatter the job)
-            avail = {n: self._available(n, job) for n in self.order if n not in seen}
-            return mine + sorted((n for n, a in avail.items() if a[0] > 0),
-                                 key=lambda n: (-avail[n][0], -avail[n][1], -self.free_g[n], n))
+            return self._by_room(job, mine, seen)
         order = mine + ([n for n in self._free_nodes() if n not in seen] if seen else self._free_nodes())
         seen.update(order)
         if self._beats(job, self.lowest):
@@ -699,18 +698,33 @@ class RubickEngine:
             order += sorted(shrinkable - seen)
         return order
 
-    def _available(self, node: str, job: _Job) -> tuple[int, int]:
-        """GPUs `job` could get on `node` while under its minimum: the free ones and those the jobs
-        there hold over their own minimum; and how many of them are free or held by jobs without
-        a guarantee."""
-        out = soft = self.free_g[node]
-        for vid in self.on_node[node]:
-            if vid != job.id and vid in self._dkey:
-                v = self.jobs[vid]
-                take = min(v.g_on.get(node, 0), v.g - v.min_g)
-                out += take
-                soft += 0 if v.privileged else take
-        return out, soft
+    def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
+        """`mine`, then the other nodes where the job could get GPUs, most first. The GPUs it could get on each
+        node are worked out for every node now, as the attempt begins; the nodes are then handed out as the
+        attempt reads them, often only the first few of thousands (from a heap, not a sort of them all)."""
+        free_g, on_node, dkey, jobs, me = self.free_g, self.on_node, self._dkey, self.jobs, job.id
+        heap = []
+        for n in self.order:
+            if n in seen:
+                continue
+            out = soft = free = free_g[n]
+            # the free GPUs and those the jobs there hold over their own minimum; and how many of them are free or
+            # held by jobs without a guarantee
+            for vid in on_node[n]:
+                if vid != me and vid in dkey:
+                    v = jobs[vid]
+                    take = min(v.g_on.get(n, 0), v.g - v.min_g)
+                    out += take
+                    soft += 0 if v.privileged else take
+            if out > 0:
+                heap.append((-out, -soft, -free, n))
+        heapq.heapify(heap)
+
+        def order():
+            yield from mine
+            while heap:
+                yield heapq.heappop(heap)[3]
+        return order()
 
     def _reindex(self, job: _Job) -> None:
         old = self._dkey.pop(job.id, None)
