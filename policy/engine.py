@@ -264,11 +264,11 @@ class RubickEngine:
         self._least_seen: dict[tuple[int, int], int] = {}
         """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""
         self._scans: dict[str, list[list]] = {}
-        """node -> `_candidates`, as of `_memo_kept` kept attempts"""
+        """in the round's queue: node -> [`_candidates`, `_lowest_of` them]; a kept attempt drops the nodes it
+        changed (`_forget`)"""
         self._orders: dict[int, list[str]] = {}
-        """the end of the prefix of the index a job holding nothing may shrink (-1: none) -> its `_node_order`, as
-        of `_memo_kept` kept attempts"""
-        self._memo_kept = -1
+        """in the round's queue: the end of the prefix of the index a job holding nothing may shrink (-1: none) ->
+        its `_node_order`, until an attempt is kept"""
         prepared, self._prepared = getattr(self, "_prepared", {}), {}
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared)
@@ -282,6 +282,7 @@ class RubickEngine:
         queue = self._sort_by_slope()
         self._kept = 0
         self._failed = {}
+        self._scans, self._orders = {}, {}
         for job in queue:
             self._schedule_job(job)
         self._failed = None
@@ -957,11 +958,7 @@ class RubickEngine:
         """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
         began), or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
-        scans = orders = None
-        if queued:
-            if self._memo_kept != self._kept:
-                self._scans, self._orders, self._memo_kept = {}, {}, self._kept
-            scans, orders = self._scans, self._orders
+        scans, orders = (self._scans, self._orders) if queued else (None, None)
         for node in self._node_order(job, orders) if only is None else only:
             if target - job.g <= 0:
                 break
@@ -1003,6 +1000,8 @@ class RubickEngine:
         self._kept += 1
         for t in touched:
             self._reindex(t)
+        if queued:
+            self._forget(jr, mark)
         for v in victims.values():
             jr.set(v.__dict__, "forced", True)
             jr.set(v.__dict__, "reason", "shrunk" if v.g else "preempted")
@@ -1010,6 +1009,33 @@ class RubickEngine:
         if victims and not job.reason:
             jr.set(job.__dict__, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
         return True
+
+    def _forget(self, jr: _Journal, mark: int) -> None:
+        """After an attempt of the queue is kept: drop what the memos hold of the nodes it changed. Those are the
+        nodes its journal wrote (GPUs, CPUs, memory or jobs there; a node a job left among them), and every node
+        of a job it changed: its own, those it shrank (their slope and guarantee read their whole placement), and
+        every job on a node it wrote (one it took CPUs from changes no attribute of its own)."""
+        self._orders = {}
+        scans = self._scans
+        if not scans:
+            return
+        jobs, on_node = self.jobs, self.on_node
+        stale: set[str] = set()
+        changed: set[str] = set()
+        for d, key, _ in jr.ops[mark:]:
+            ident = d.get("id")  # a job's attributes (its `__dict__`) have its id; the other dicts are keyed by node
+            if ident.__class__ is str:
+                owner = jobs.get(ident)
+                if owner is not None and d is owner.__dict__:
+                    changed.add(ident)
+                    continue
+            stale.add(key)
+        for node in stale:
+            changed.update(on_node.get(node, ()))
+        for vid in changed:
+            stale.update(jobs[vid].g_on)
+        for node in stale:
+            scans.pop(node, None)
 
     def _repeat_key(self, job: _Job) -> tuple | None:
         """For a job holding nothing, in the round's queue: what its attempt reads of the job itself, with the

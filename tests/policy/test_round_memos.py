@@ -20,10 +20,11 @@ from .helpers import job, node
 
 MODELER = make_core()
 KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert", 2, Plan(dp=2)),
-         ("vit", 1, Plan(dp=1)), ("vit", 8, Plan(dp=8)), ("roberta", 4, Plan(dp=4)), ("t5", 2, Plan(dp=2))]
+         ("vit", 1, Plan(dp=1)), ("vit", 8, Plan(dp=8)), ("roberta", 4, Plan(dp=4)), ("t5", 2, Plan(dp=2)),
+         ("llama7", 4, Plan(dp=4, zero_stage=2, offload=True)), ("gpt2", 2, Plan(dp=2, zero_stage=2, offload=True))]
 
 
-def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40) -> tuple[list[bytes], object]:
+def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96) -> tuple[list[bytes], object]:
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
     core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas)
@@ -55,7 +56,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40) -> tuple[
                          JobPreempted(job_id=d.job_id, reason="withdrawn", iterations_done=0))
 
     for i in range(nodes):
-        feed("node.registered", node(f"n{i:02d}"))
+        feed("node.registered", node(f"n{i:02d}", cpus=cpus))
     feed("clock.tick", ClockTick(seq=0, period_s=60.0))
     count = 0
 
@@ -144,3 +145,30 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert memo_calls < calls["candidates"]  # and later searches in the round read it from the memo
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert with_memos == without
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
+    """After every kept attempt of the queue, what the memo still holds of each node is what reading the node
+    again gives (the nodes it changed were dropped, the others are as they were)."""
+    real_forget = engine_mod.RubickEngine._forget
+    seen = {"checked": 0, "dropped": 0}
+
+    def checked(self, jr, mark):
+        before = set(self._scans)
+        real_forget(self, jr, mark)
+        seen["dropped"] += len(before - set(self._scans))
+        for node, (entries, lowest) in self._scans.items():
+            fresh = self._candidates(node)
+            assert [e[:5] + e[6:] for e in entries] == [e[:5] + e[6:] for e in fresh], node
+            for e, f in zip(entries, fresh):
+                if e[5] is not None:
+                    v = f[4]
+                    assert e[5] == (self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node)))
+            if lowest is not None:
+                assert lowest == self._lowest_of(node, fresh)
+            seen["checked"] += 1
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_forget", checked)
+    drive(seed, nodes=16, jobs=160, steps=30, cpus=12)  # few CPUs: ZeRO-Offload jobs take them from others
+    assert seen["checked"] > 100 and seen["dropped"] > 10
