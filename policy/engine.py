@@ -628,7 +628,7 @@ class RubickEngine:
         for j in pool:
             cpu = self._cpu_slope_up(j) if j.g else 0.0
             keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, j))
-        keyed.sort(key=lambda k: k[:5])
+        keyed.sort()  # ids are unique: no comparison reaches the job itself
         return [k[-1] for k in keyed]
 
     # --- CPUs ---------------------------------------------------------------------------------
