@@ -28,7 +28,7 @@ the same oracle, the same events, the same restart cost. A job run at a fixed si
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controlplane.events import Plan
 from modeler.spec import ModelType
@@ -336,7 +336,7 @@ class SiaEngine(_Simple):
     def _fixed_kind(self, job: JobIn) -> JobIn:
         kind = JobKind(job.kind.model, job.kind.global_batch, ALL_FAMILIES, template=job.requested_plan,
                        scale_dp=False, support=job.kind.support)
-        return JobIn(**{**job.__dict__, "kind": kind})
+        return replace(job, kind=kind)
 
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
         self._reset(nodes)

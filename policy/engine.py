@@ -57,7 +57,7 @@ class NodeCap:
     mem_gb: float
 
 
-@dataclass
+@dataclass(slots=True)
 class JobIn:
     """A job as one round sees it."""
 
@@ -97,7 +97,7 @@ class JobIn:
     measured); a guaranteed job's deadline is counted from the faster of it and the prediction."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """A job's allocation and plan after the round."""
 
