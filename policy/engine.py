@@ -121,7 +121,7 @@ class Outcome:
         return self._detail
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     inp: JobIn
     cpg: int
@@ -170,18 +170,26 @@ class _Journal:
     only what was done since `mark = len(jr.ops)`."""
 
     def __init__(self) -> None:
-        self.ops: list[tuple[dict, object, object]] = []
+        self.ops: list[tuple[dict | _Job, object, object]] = []
+        """(a dict, its key, the value before) or (a job, its attribute, the value before)"""
 
     def set(self, d: dict, key, value) -> None:
+        """d[key] = value (None: the key removed)."""
         self.ops.append((d, key, d.get(key, _MISSING)))
         if value is None:
             d.pop(key, None)
         else:
             d[key] = value
 
+    def attr(self, job: _Job, name: str, value) -> None:
+        self.ops.append((job, name, getattr(job, name)))
+        setattr(job, name, value)
+
     def undo(self, mark: int = 0) -> None:
         for d, key, old in reversed(self.ops[mark:]):
-            if old is _MISSING:
+            if d.__class__ is not dict:
+                setattr(d, key, old)
+            elif old is _MISSING:
                 d.pop(key, None)
             else:
                 d[key] = old
@@ -603,8 +611,8 @@ class RubickEngine:
         for node in list(job.mem_on):
             jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
             jr.set(job.mem_on, node, None)
-        jr.set(job.__dict__, "g", 0)
-        jr.set(job.__dict__, "best", None)
+        jr.attr(job, "g", 0)
+        jr.attr(job, "best", None)
         self._free_list = None
 
     def _best_effort(self, job: _Job) -> None:
@@ -908,7 +916,7 @@ class RubickEngine:
         else:
             left = src.g_on[node] - gpus
             jr.set(src.g_on, node, left if left > 0 else None)
-            jr.set(src.__dict__, "g", src.g - gpus)
+            jr.attr(src, "g", src.g - gpus)
             keep_c = min(src.c_on.get(node, 0), left * max(1, src.c_on.get(node, 0) // max(1, src.g_on.get(node, 1) + gpus)))
             if left <= 0:
                 keep_c = 0
@@ -921,7 +929,7 @@ class RubickEngine:
                     jr.set(self.free_m, node, self.free_m[node] + src.mem_on[node])
                     jr.set(src.mem_on, node, None)
         jr.set(dst.g_on, node, dst.g_on.get(node, 0) + gpus)
-        jr.set(dst.__dict__, "g", dst.g + gpus)
+        jr.attr(dst, "g", dst.g + gpus)
         if dst.id not in self.on_node[node]:
             jr.set(self.on_node, node, self.on_node[node] | {dst.id})
 
@@ -1003,11 +1011,11 @@ class RubickEngine:
         if queued:
             self._forget(jr, mark)
         for v in victims.values():
-            jr.set(v.__dict__, "forced", True)
-            jr.set(v.__dict__, "reason", "shrunk" if v.g else "preempted")
-            jr.set(v.__dict__, "detail", {"by": job.id, "slope": f"{v.down():.4g}"})
+            jr.attr(v, "forced", True)
+            jr.attr(v, "reason", "shrunk" if v.g else "preempted")
+            jr.attr(v, "detail", {"by": job.id, "slope": f"{v.down():.4g}"})
         if victims and not job.reason:
-            jr.set(job.__dict__, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
+            jr.attr(job, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
         return True
 
     def _forget(self, jr: _Journal, mark: int) -> None:
@@ -1023,13 +1031,10 @@ class RubickEngine:
         stale: set[str] = set()
         changed: set[str] = set()
         for d, key, _ in jr.ops[mark:]:
-            ident = d.get("id")  # a job's attributes (its `__dict__`) have its id; the other dicts are keyed by node
-            if ident.__class__ is str:
-                owner = jobs.get(ident)
-                if owner is not None and d is owner.__dict__:
-                    changed.add(ident)
-                    continue
-            stale.add(key)
+            if d.__class__ is _Job:  # one of a job's attributes; the dicts written are keyed by node
+                changed.add(d.id)
+            else:
+                stale.add(key)
         for node in stale:
             changed.update(on_node.get(node, ()))
         for vid in changed:
@@ -1079,7 +1084,7 @@ class RubickEngine:
             return False
         if not self._alloc_mem(jr, job, best):
             return False
-        jr.set(job.__dict__, "best", best)
+        jr.attr(job, "best", best)
         return True
 
     def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
@@ -1097,7 +1102,7 @@ class RubickEngine:
             if extra > 0:
                 jr.set(self.free_g, node, self.free_g[node] + extra)
                 self._free_list = None
-                jr.set(job.__dict__, "g", job.g - extra)
+                jr.attr(job, "g", job.g - extra)
                 jr.set(job.g_on, node, keep if keep > 0 else None)
                 if keep <= 0:
                     jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
