@@ -772,7 +772,8 @@ class RubickEngine:
         below `limit` among its own priority, any slope below it) and that may give up a GPU there.
 
         `memo` (an attempt in the round's queue that has shrunk no job yet): what the search reads of the jobs on
-        the node, kept for the next attempts until one is kept (`_candidates`)."""
+        the node (`_candidates`), kept for the next attempts; a kept attempt drops the nodes it changed
+        (`_forget`)."""
         prio = job.inp.priority
         # in id order: the victim chosen does not depend on the order (its key decides), but whether a held job
         # was passed over (`held_back`, the pending reason `held`) must not depend on a set's hash order
@@ -803,11 +804,7 @@ class RubickEngine:
                 continue
             if best_key is not None and key >= best_key:
                 continue
-            ok = e[5]
-            if ok is None:  # worked out when first needed, as the search did
-                v = e[4]
-                ok = e[5] = self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node))
-            if not ok:
+            if not self._gives(e, node):
                 continue
             if e[6] and job.g >= job.min_g:
                 self.held_back = self._skipped_held = True
@@ -820,11 +817,7 @@ class RubickEngine:
         and of those held (None where there is none)."""
         free = held = None
         for e in entries:
-            ok = e[5]
-            if ok is None:
-                v = e[4]
-                ok = e[5] = self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node))
-            if not ok:
+            if not self._gives(e, node):
                 continue
             rank = (e[1], e[2])
             if e[6]:
@@ -833,6 +826,15 @@ class RubickEngine:
             elif free is None or rank < free:
                 free = rank
         return free, held
+
+    def _gives(self, e: list, node: str) -> bool:
+        """Whether the job of a `_candidates` entry may give up a GPU on `node`: over its minimum, and a guarantee
+        still kept without it. Worked out when first needed, as the search did, then kept in the entry."""
+        ok = e[5]
+        if ok is None:
+            v = e[4]
+            ok = e[5] = self._over_min(v) and not (v.privileged and not self._keeps_guarantee(v, node))
+        return ok
 
     def _candidates(self, node: str) -> list[list]:
         """What `_lowest_slope_over_min` reads of the jobs on `node` over their minimum when the attempt began
