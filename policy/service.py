@@ -155,13 +155,7 @@ class PolicyCore:
             if hasattr(self.engine, "quotas"):
                 self.engine.quotas = self.state.quotas()
         if base in ("job.completed", "job.failed"):
-            self.last.pop(event.payload.job_id, None)
-            self.changed_at.pop(event.payload.job_id, None)
-            self.changes.pop(event.payload.job_id, None)
-            self.ref_iter.pop(event.payload.job_id, None)
-            self.progress.pop(event.payload.job_id, None)
-            self._shapes.pop(event.payload.job_id, None)
-            self._job_kinds.pop(event.payload.job_id, None)
+            self._drop(event.payload.job_id)
         if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
@@ -171,10 +165,14 @@ class PolicyCore:
                 out.extend(self._publish_pending(event, {job.job_id: Pending(job_id=job.job_id, reason="batch")},
                                                  ()))
         if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
-            for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
-                          self._job_kinds):
-                table.pop(event.payload.job_id, None)
+            self._drop(event.payload.job_id)
         return out
+
+    def _drop(self, job_id: str) -> None:
+        """Forget what the core keeps of a job that is over."""
+        for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
+                      self._job_kinds):
+            table.pop(job_id, None)
 
     def _may_wait(self, event: Event) -> bool:
         """Whether a round-triggering event may wait for the next round (see Batching above)."""
