@@ -14,6 +14,7 @@ from controlplane.bus import MemoryBus
 from controlplane.events import Invalid, ModelRef, Resources, Plan, decode, encode, make
 from controlplane.events.catalog import CONTROL
 from controlplane.service import ServiceShell
+from tests.shells import run_until_done
 
 from .samples import NEW_SPEC, PAYLOADS, sample
 
@@ -21,21 +22,7 @@ KNOWN = ["gpt2", "bert", "llama7"]
 
 
 async def run_shell(bus: MemoryBus, until: int, core: AdmissionCore | None = None) -> ServiceShell:
-    shell = ServiceShell(core or AdmissionCore(KNOWN), bus, rejects=True)
-    stop = asyncio.Event()
-    task = asyncio.create_task(shell.run(stop))
-    for _ in range(3000):  # until every stored message of its subjects (its own answers too) is done
-        await asyncio.sleep(0.01)
-        last = 0
-        async for d in bus.read(tuple(shell.core.subjects), 1, await bus.last_seq()):
-            last = d.seq
-        if await bus.last_seq() >= until and shell.ready.is_set() and shell.seq >= last:
-            break
-    else:
-        raise AssertionError(f"the shell got to seq {shell.seq} of {await bus.last_seq()} in 30 s")
-    stop.set()
-    await task
-    return shell
+    return await run_until_done(ServiceShell(core or AdmissionCore(KNOWN), bus, rejects=True), bus, until=until)
 
 
 def rejections(bus: MemoryBus):

@@ -4,8 +4,6 @@ the core runs under the service shell on the in-memory bus."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,7 @@ from controlplane.bus import MemoryBus
 from controlplane.events import (JobSubmitted, MetricsIteration, ModelRef, ModelUpdated, Plan, Resources, decode,
                                  encode, make)
 from controlplane.service import ServiceShell
+from tests.shells import run_until_done
 from modeler.configs import Config
 from modeler.perf_model import PerfParams
 from modeler.service import ModelerCore, make_core
@@ -232,19 +231,7 @@ def test_make_core_loads_the_builtin_models():
 
 async def _run_shell(bus: MemoryBus, core: ModelerCore) -> ServiceShell:
     """Run the shell until it has consumed every stored event of its subjects (its own outputs too)."""
-    shell = ServiceShell(core, bus)
-    stop = asyncio.Event()
-    task = asyncio.create_task(shell.run(stop))
-    for _ in range(3000):
-        await asyncio.sleep(0.01)
-        last = max((q for q, s, _ in bus.messages() if s in core.subjects), default=0)
-        if shell.ready.is_set() and shell.seq >= last:
-            break
-    else:
-        raise AssertionError(f"the shell got to seq {shell.seq} in 30 s")
-    stop.set()
-    await task
-    return shell
+    return await run_until_done(ServiceShell(core, bus), bus)
 
 
 async def test_under_the_service_shell(env):

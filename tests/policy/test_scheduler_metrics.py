@@ -3,7 +3,6 @@ then read back from the Prometheus registry."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
@@ -12,6 +11,7 @@ from controlplane import metrics, scheduler_metrics
 from controlplane.bus import MemoryBus
 from controlplane.events import (JobReconfigured, JobStarted, MetricsIteration, ModelUpdated, Plan, encode, make)
 from controlplane.service import ServiceShell
+from tests.shells import run_until_done
 from modeler.service import make_core
 from policy.oracle import from_modeler
 from policy.registry import make_policy
@@ -51,21 +51,7 @@ class Feed:
         """Let a shell (this one, or a new one on the core) handle everything stored."""
         shell = shell or self.shell or ServiceShell(self.core, self.bus)
         self.shell = shell
-        shell.ready.clear()  # set again by this run, once it has rebuilt its state
-        stop = asyncio.Event()
-        task = asyncio.create_task(shell.run(stop))
-        last = 0  # the last stored event of the core's subjects: done once the shell is past it
-        async for d in self.bus.read(tuple(shell.core.subjects), 1, await self.bus.last_seq()):
-            last = d.seq
-        for _ in range(3000):
-            await asyncio.sleep(0.01)
-            if shell.ready.is_set() and shell.seq >= last:
-                break
-        else:
-            raise AssertionError(f"the shell got to seq {shell.seq} of {last} in 30 s")
-        stop.set()
-        await task
-        return shell
+        return await run_until_done(shell, self.bus)
 
     def decided(self, job_id: str):
         return self.core.state.jobs[job_id].decided_allocation
