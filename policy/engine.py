@@ -33,7 +33,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -107,23 +107,40 @@ class Outcome:
     plan: Plan | None
     throughput: float
     reason: str
-    _detail: dict[str, str] | Callable[[], dict[str, str]] = field(repr=False)
-    """the detail, or a function making it: most outcomes repeat the last round's and are never
-    published, so their detail is worked out only when read."""
+    _detail: dict[str, str] | tuple = field(repr=False)
+    """the detail, or the arguments of `_running_detail` that make it: most outcomes repeat
+    the last round's and are never published, so their detail is worked out only when read."""
     pending: tuple[str, int, dict[str, str]] | None = None
     """(reason, fewest GPUs it can start on, detail) when the job holds no GPUs or fewer than it asked for
     and could use (`controlplane.events.payloads.PENDING_REASONS`); None when it runs as it wants."""
 
     @property
     def detail(self) -> dict[str, str]:
-        if callable(self._detail):
-            self._detail = self._detail()
+        if type(self._detail) is tuple:  # (what it was given, curve, GPUs, reference, throughput, quota): made now
+            self._detail = _running_detail(*self._detail)
         return self._detail
+
+
+def _running_detail(given: dict[str, str], curve: np.ndarray, g: int, ref: float, tput: float,
+                    quota: str | None) -> dict[str, str]:
+    """The detail of a job that holds GPUs: what the round gave it, its slope down, its quota state when it runs
+    as best-effort, its normalised throughput."""
+    out = dict(given)
+    out.setdefault("slope", f"{slope_down(curve, g):.4g}")
+    if quota is not None:
+        out["quota"] = quota
+    out["normalised"] = f"{tput / ref:.4g}" if ref > 0 else "0"
+    return out
 
 
 @dataclass(slots=True)
 class _Job:
+    """A job in one round. Made once per job a round, positionally (`_prepare`): a call with keywords costs twice
+    as much."""
+
     inp: JobIn
+    id: str
+    """`inp.job_id`"""
     cpg: int
     curve: np.ndarray
     """normalised GPU curve at `cpg` CPUs per GPU."""
@@ -134,6 +151,9 @@ class _Job:
     min_g: int = 0
     min_c: int = 0
     want_g: int = 0
+    up_tab: list[float] | None = None
+    """`up_table` of its curve, as a list (read once per visit: a list is cheaper to index than an array)"""
+    down_tab: list[float] | None = None
     privileged: bool = False
     g_on: dict[str, int] = field(default_factory=dict)
     c_on: dict[str, int] = field(default_factory=dict)
@@ -143,13 +163,6 @@ class _Job:
     reason: str = ""
     detail: dict[str, str] = field(default_factory=dict)
     forced: bool = False
-    up_tab: list[float] | None = None
-    """`up_table` of its curve, as a list (read once per visit: a list is cheaper to index than an array)"""
-    down_tab: list[float] | None = None
-    id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.id = self.inp.job_id
 
     def up(self) -> float:
         g = self.g
@@ -399,8 +412,7 @@ class RubickEngine:
         if prepared is not None:
             self._prepared[inp.job_id] = held
         cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = held[7]
-        return _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g, min_c=min_c,
-                    up_tab=up_tab, down_tab=down_tab, request=request)
+        return _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
 
     def _demand(self, inp: JobIn, guaranteed: bool) -> tuple:
         """(CPUs per GPU, reference, normalised curve, wanted GPUs, minimum GPUs, minimum CPUs,
@@ -416,7 +428,7 @@ class RubickEngine:
             want_g, min_g, min_c = max(1, knee(curve)), 0, 0
         if guaranteed:
             min_g, min_c = self.min_res(inp, ref, cpg)
-        probe = _Job(inp=inp, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g)
+        probe = _Job(inp=inp, id=inp.job_id, cpg=cpg, curve=curve, ref=ref, want_g=want_g, min_g=min_g)
         self._tables(probe)
         request = self._request(inp, cpg)[1] if guaranteed else None
         return cpg, ref, curve, want_g, min_g, min_c, probe.up_tab, probe.down_tab, request
@@ -1271,16 +1283,9 @@ class RubickEngine:
             used = zip(sorted(g_on, key=lambda n: (-g_on[n], n)), best.placement)
             shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3)) for n, g in used if g > 0}
         reason = job.reason or ("start" if not job.inp.current else "keep")
-        given, curve, g, ref = job.detail, job.curve, job.g, job.ref  # a job's detail is replaced, never changed
         quota = None
-        if job.inp.guaranteed and not job.privileged and "guarantee" not in given:
+        if job.inp.guaranteed and not job.privileged and "guarantee" not in job.detail:
             quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort
-
-        def detail() -> dict[str, str]:
-            out = dict(given)
-            out.setdefault("slope", f"{slope_down(curve, g):.4g}")
-            if quota is not None:
-                out["quota"] = quota
-            out["normalised"] = f"{tput / ref:.4g}" if ref > 0 else "0"
-            return out
-        return Outcome(job.id, shares, plan, tput, reason, detail, self._pending(job, sum(best.placement)))
+        # made only when read (`Outcome.detail`); a job's detail is replaced, never changed
+        later = (job.detail, job.curve, job.g, job.ref, tput, quota)
+        return Outcome(job.id, shares, plan, tput, reason, later, self._pending(job, sum(best.placement)))

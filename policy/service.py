@@ -302,18 +302,22 @@ class PolicyCore:
         if job.status == "running" and prog.iter_time_s:
             done += max(0.0, t - prog.at) / prog.iter_time_s
         remaining = max(0.0, job.target_iterations - done)
-        return JobIn(job_id=job_id, tenant=job.tenant, guaranteed=job.guaranteed, kind=known[2],
-                     order=self.order.get(job_id, len(self.order)), priority=job.priority,
-                     requested_gpus=job.requested.gpus,
-                     requested_cpus=job.requested.cpus, requested_plan=job.requested_plan,
-                     requested_mem_gb=float(job.requested.mem_gb), current=current, current_mem=memory,
-                     current_plan=job.decided_plan if current else None,
-                     running=job.status == "running" or bool(current),
-                     remaining_iters=remaining if remaining > 0 else math.inf,
-                     target_iters=float(job.target_iterations), elapsed_s=max(0.0, t - job.submitted_at),
-                     changed_s=t - self.changed_at.get(job.job_id, -math.inf) if self.tick_period_s > 0 else math.inf,
-                     recent_changes=self._recent_changes(job.job_id, t),
-                     ref_iter_s=self.ref_iter.get(job.job_id, math.inf))
+        requested = job.requested
+        # positional, in JobIn's field order (tests/policy/test_job_in.py checks each field): once per job a round,
+        # and a call with keywords costs three times as much
+        return JobIn(job_id, job.tenant, job.guaranteed, known[2],
+                     self.order.get(job_id, len(self.order)),  # order
+                     requested.gpus, requested.cpus, job.requested_plan, float(requested.mem_gb),
+                     current, memory,
+                     job.decided_plan if current else None,  # current_plan
+                     job.status == "running" or bool(current),  # running
+                     job.priority,
+                     remaining if remaining > 0 else math.inf,  # remaining_iters
+                     float(job.target_iterations),  # target_iters
+                     max(0.0, t - job.submitted_at),  # elapsed_s
+                     t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf,  # changed_s
+                     self._recent_changes(job_id, t),  # recent_changes
+                     self.ref_iter.get(job_id, math.inf))  # ref_iter_s
 
     def _recent_changes(self, job_id: str, t: float) -> int:
         """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
