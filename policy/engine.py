@@ -1209,13 +1209,13 @@ class RubickEngine:
     # --- the end of the round -----------------------------------------------------------------
     def _least(self, job: _Job) -> int:
         """The fewest GPUs on which some plan of the job fits in memory (0: none on this cluster)."""
-        def first() -> int:
-            hit = np.flatnonzero(job.curve > 0)
-            return int(hit[0]) if len(hit) else 0
         kind = job.inp.kind
         key = (id(kind), job.cpg)  # the book's memo, read once per kind object and CPUs per GPU in a round
         least = self._least_seen.get(key)
         if least is None:
+            def first() -> int:
+                hit = np.flatnonzero(job.curve > 0)
+                return int(hit[0]) if len(hit) else 0
             least = self._least_seen[key] = self.book.memo(kind, ("least", job.cpg), first)
         return least
 

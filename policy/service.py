@@ -383,7 +383,7 @@ class PolicyCore:
         for o in outcomes:
             if o.pending is not None:
                 reason, needs, detail = o.pending
-                raw = (reason, sum(g for g, _, _ in o.shares.values()), needs, detail)
+                raw = (reason, sum(g for g, _, _ in o.shares.values()) if o.shares else 0, needs, detail)
                 held = made.get(o.job_id)
                 if held is None or held[0] != raw:  # the same reason as last round: the same Pending object
                     held = (raw, Pending(job_id=o.job_id, reason=reason, gpus=raw[1], needs_gpus=needs, detail=detail))
