@@ -257,6 +257,8 @@ class RubickEngine:
         self.free_c = {n.name: n.cpus for n in nodes}
         self.free_m = {n.name: float(n.mem_gb) for n in nodes}
         self.on_node: dict[str, set[str]] = {n.name: set() for n in nodes}
+        last_round = getattr(self, "jobs", {})
+        """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
         self.jobs: dict[str, _Job] = {}
         self.placed: dict[str, _Job] = {}
         """jobs holding GPUs (a superset: entries may have dropped to zero)."""
@@ -292,7 +294,7 @@ class RubickEngine:
         its `_node_order`, until an attempt is kept"""
         prepared, self._prepared = getattr(self, "_prepared", {}), {}
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
-            job = self.jobs[inp.job_id] = self._prepare(inp, prepared)
+            job = self.jobs[inp.job_id] = self._prepare(inp, prepared, last_round.get(inp.job_id))
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
@@ -395,10 +397,12 @@ class RubickEngine:
         return (tuple(sorted(bounds.items())) if bounds else None,
                 seen.get(kind.model.name, 0.0) if seen else 0.0, self.guarantee_margin)
 
-    def _prepare(self, inp: JobIn, prepared: dict | None = None) -> _Job:
+    def _prepare(self, inp: JobIn, prepared: dict | None = None, record: _Job | None = None) -> _Job:
         """The job for this round, from what its request means (`_demand`, memoised per kind). `prepared`: the
         last round's job id -> (what the memo's key was made of, its answer); a job asking the same of the same
-        kind, at the same model version, takes its answer from there without hashing the key again."""
+        kind, at the same model version, takes its answer from there without hashing the key again. `record`: the
+        job's record of the last round, made again in place (a round makes thousands: fewer objects for the
+        garbage collector to walk)."""
         guaranteed = inp.guaranteed and not self.fixed_resources
         kind, plan, gpus, ratio = inp.kind, inp.requested_plan, inp.requested_gpus, self._ratio(inp)
         version = self.book._key(kind)  # the kind's memo key at its model's version: the same object until a refit
@@ -412,7 +416,18 @@ class RubickEngine:
         if prepared is not None:
             self._prepared[inp.job_id] = held
         cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = held[7]
-        return _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
+        if record is None:
+            return _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
+        record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
+        record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
+        record.privileged = record.forced = False
+        record.g, record.best, record.reason = 0, None, ""
+        for held_on in (record.g_on, record.c_on, record.mem_on):
+            if held_on:
+                held_on.clear()
+        if record.detail:  # a detail is replaced, never changed (an outcome may still hold it): an empty one stays
+            record.detail = {}
+        return record
 
     def _demand(self, inp: JobIn, guaranteed: bool) -> tuple:
         """(CPUs per GPU, reference, normalised curve, wanted GPUs, minimum GPUs, minimum CPUs,

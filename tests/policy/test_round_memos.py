@@ -1,7 +1,7 @@
 """The round's memos change no decision: a busy cluster driven through the policy core (holds on, as a
 deployed core runs, guarantees and best-effort jobs, completions, arrivals, the agents' answers, measured
-iterations and a refit), once as it runs and once with the memos off, publishes the same events byte for
-byte."""
+iterations and a refit), once as it runs and once with the memos off (and every job's record of a round made
+new, not the last round's made again), publishes the same events byte for byte."""
 
 from __future__ import annotations
 
@@ -100,10 +100,15 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
-    calls = {"candidates": 0, "held": 0, "orders": 0}
+    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
+    real_prepare = engine_mod.RubickEngine._prepare
+
+    def prepared(self, inp, memo=None, record=None):
+        calls["reused"] += record is not None  # the job's record of the last round, made again in place
+        return real_prepare(self, inp, memo, record)
 
     def ordered(self, job, memo=None):
         calls["orders"] += memo is None  # an order worked out, not read from the memo
@@ -125,6 +130,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_candidates", counted)
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", watched)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", ordered)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", prepared)
     with_memos, core = drive(seed)
     memo_calls, held, orders = calls["candidates"], calls["held"], calls["orders"]
 
@@ -134,8 +140,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", no_memo)
     monkeypatch.setattr(engine_mod.RubickEngine, "_repeat_key", lambda self, job: None)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", lambda self, job, memo=None: ordered(self, job))
-    real_prepare = engine_mod.RubickEngine._prepare
-    monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", lambda self, inp, prepared=None: real_prepare(self, inp))
+    monkeypatch.setattr(engine_mod.RubickEngine, "_prepare",  # every record new, nothing from the last round
+                        lambda self, inp, memo=None, record=None: real_prepare(self, inp))
     calls["candidates"] = calls["orders"] = 0
     without, _ = drive(seed)
 
@@ -144,6 +150,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert held > 0  # searches passed over jobs held by their hold: the memo kept what it read of them
     assert memo_calls < calls["candidates"]  # and later searches in the round read it from the memo
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
+    assert calls["reused"] > 100  # and rounds made the last round's records again
     assert with_memos == without
 
 
