@@ -253,6 +253,7 @@ class RubickEngine:
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
         self.nodes = {n.name: n for n in nodes}
         self.order = [n.name for n in nodes]
+        self._by_name = sorted(self.order)
         self.free_g = {n.name: n.gpus for n in nodes}
         self.free_c = {n.name: n.cpus for n in nodes}
         self.free_m = {n.name: float(n.mem_gb) for n in nodes}
@@ -727,12 +728,23 @@ class RubickEngine:
         if self._beats(job, self.lowest):
             # the jobs it may shrink are a prefix of the index (lowest priority, then slope, first): find its end by
             # bisection with the same test, then take the nodes they hold (its own are already in `seen`)
-            prio, up, jobs = job.inp.priority, job.up(), self.jobs
+            prio, up = job.inp.priority, job.up()
             end = bisect.bisect_left(self.by_down, True,
                                      key=lambda k: not (k[0] < prio or (k[0] == prio and k[1] + EPS < up)))
-            shrinkable = set().union(*(jobs[k[3]].g_on for k in self.by_down[:end]))
-            order += sorted(shrinkable - seen)
+            if end:
+                order += self._shrinkable(end, seen)
         return order
+
+    def _shrinkable(self, end: int, seen: set[str]) -> list[str]:
+        """The nodes not in `seen` where a job of the index's prefix `by_down[:end]` holds GPUs, by name. A short
+        prefix: its jobs' nodes. A long one: the nodes whose lowest key listed in `_node_keys` is within it, read
+        in one pass over the nodes (at the start of an attempt every job of the index is listed under the nodes it
+        holds, as `tests/policy/test_round_memos.py` checks)."""
+        if 4 * end < len(self.order):
+            jobs = self.jobs
+            return sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - seen)
+        bound, node_keys = self.by_down[end - 1], self._node_keys
+        return [n for n in self._by_name if n not in seen and (keys := node_keys[n]) and keys[0] <= bound]
 
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
         """`mine`, then the other nodes where the job could get GPUs, most first. The GPUs it could get on each

@@ -179,3 +179,27 @@ def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_forget", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)  # few CPUs: ZeRO-Offload jobs take them from others
     assert seen["checked"] > 100 and seen["dropped"] > 10
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed):
+    """The nodes a growing job may shrink (`_shrinkable`) read from the index's per-node keys, for a long prefix,
+    are the nodes where the prefix's jobs hold GPUs, as reading the jobs themselves gives."""
+    real = engine_mod.RubickEngine._shrinkable
+    seen = {"calls": 0, "nodes": 0}
+
+    def checked(self, end, mine):
+        jobs = self.jobs
+        held = sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - mine)
+        bound = self.by_down[end - 1]  # the long prefix's way, whatever the prefix's length
+        listed = [n for n in self._by_name if n not in mine and self._node_keys[n] and self._node_keys[n][0] <= bound]
+        assert listed == held
+        got = real(self, end, mine)
+        assert got == held
+        seen["calls"] += 1
+        seen["nodes"] += len(got)
+        return got
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
+    drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
+    assert seen["calls"] > 50 and seen["nodes"] > 50
