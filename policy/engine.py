@@ -698,6 +698,12 @@ class RubickEngine:
             self._free_list = sorted([n for n in self.order if free[n] > 0], key=free.__getitem__, reverse=True)
         return self._free_list
 
+    def _any_free(self) -> bool:
+        """Whether some node has a free GPU (`_free_nodes()` is not empty), without ordering them."""
+        if self._free_list is not None:
+            return bool(self._free_list)
+        return any(g > 0 for g in self.free_g.values())
+
     def _node_order(self, job: _Job, memo: dict | None = None) -> Iterable[str]:
         """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
         lower slope than its own. Under its own minimum: its own, then every node by the GPUs it
@@ -980,11 +986,11 @@ class RubickEngine:
         if job.g >= job.want_g and job.g >= job.min_g:
             return job.g > 0
         if job.g and job.g >= job.min_g and job.id in self.held:
-            if self._free_nodes() or self._beats(job, self.lowest):
+            if self._any_free() or self._beats(job, self.lowest):
                 self.held_back = True  # it could have grown
                 self.why[job.id] = "held"
             return True  # changed a moment ago: no growth before it has run a while
-        if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._free_nodes():
+        if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._any_free():
             self.why[job.id] = "no-gpus"
             return False
         queued = self._failed is not None and jr is None and only is None  # an attempt of the round's queue
