@@ -273,6 +273,8 @@ class RubickEngine:
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
+        self._free_any: bool | None = None
+        """whether `_free_list` would not be empty; both are None once free GPUs change (`_free_changed`)"""
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
         self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold * self._backoff(j)}
         self.held_back = False
@@ -641,7 +643,7 @@ class RubickEngine:
             jr.set(job.mem_on, node, None)
         jr.attr(job, "g", 0)
         jr.attr(job, "best", None)
-        self._free_list = None
+        self._free_changed()
 
     def _best_effort(self, job: _Job) -> None:
         """A guaranteed job outside its quota runs as best-effort: no minimum."""
@@ -699,10 +701,15 @@ class RubickEngine:
         return self._free_list
 
     def _any_free(self) -> bool:
-        """Whether some node has a free GPU (`_free_nodes()` is not empty), without ordering them."""
-        if self._free_list is not None:
-            return bool(self._free_list)
-        return any(g > 0 for g in self.free_g.values())
+        """Whether some node has a free GPU (`_free_nodes()` is not empty), without ordering them (cached the same
+        way)."""
+        if self._free_any is None:
+            self._free_any = bool(self._free_list) if self._free_list is not None else any(
+                g > 0 for g in self.free_g.values())
+        return self._free_any
+
+    def _free_changed(self) -> None:
+        self._free_list = self._free_any = None
 
     def _node_order(self, job: _Job, memo: dict | None = None) -> Iterable[str]:
         """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
@@ -959,7 +966,7 @@ class RubickEngine:
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         if src is None:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
-            self._free_list = None
+            self._free_changed()
         else:
             left = src.g_on[node] - gpus
             jr.set(src.g_on, node, left if left > 0 else None)
@@ -1103,7 +1110,7 @@ class RubickEngine:
 
     def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
         if any(d is self.free_g for d, _, _ in jr.ops[mark:]):
-            self._free_list = None
+            self._free_changed()
         jr.undo(mark)
         for t in touched:
             self._reindex(t)
@@ -1148,7 +1155,7 @@ class RubickEngine:
             extra = job.g_on[node] - keep
             if extra > 0:
                 jr.set(self.free_g, node, self.free_g[node] + extra)
-                self._free_list = None
+                self._free_changed()
                 jr.attr(job, "g", job.g - extra)
                 jr.set(job.g_on, node, keep if keep > 0 else None)
                 if keep <= 0:
