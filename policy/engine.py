@@ -287,6 +287,9 @@ class RubickEngine:
         """in the round's queue: the key of an attempt that failed (`_repeat_key`) -> its pending reason"""
         self._kept = 0
         """attempts whose changes were kept, since the queue began"""
+        self._margins_seen: dict[str, tuple] = {}
+        """model type -> `_margins_key`, for this round"""
+        self._cluster_gpus = sum(n.gpus for n in nodes)
         self._least_seen: dict[tuple[int, int], int] = {}
         """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""
         self._scans: dict[str, list[list]] = {}
@@ -393,7 +396,15 @@ class RubickEngine:
         return max(base, seen.get(kind.model.name, 0.0)) if seen else base
 
     def _margins_key(self, kind: JobKind) -> tuple:
-        """What the type's margins depend on (a memo key)."""
+        """What the type's margins depend on (a memo key); worked out once per type a round (the oracle's bounds
+        and what it has seen change between rounds only)."""
+        name = kind.model.name
+        key = self._margins_seen.get(name)
+        if key is None:
+            key = self._margins_seen[name] = self._margins_now(kind)
+        return key
+
+    def _margins_now(self, kind: JobKind) -> tuple:
         oracle = self.book.oracle
         bounds = getattr(oracle, "bounds", {}).get(kind.model.name)
         seen = getattr(oracle, "overshoot", None)
@@ -654,7 +665,7 @@ class RubickEngine:
 
     def _quota(self, job: _Job) -> int:
         if self.quotas is None:
-            return sum(n.gpus for n in self.nodes.values())
+            return self._cluster_gpus
         return int(self.quotas.get(job.inp.tenant, 0))
 
     def _quota_left(self, job: _Job, used: dict[str, int]) -> int:
