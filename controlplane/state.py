@@ -102,10 +102,20 @@ class ClusterState:
     last_tick: int = -1
     time: float = 0.0
     events: int = 0
+    _alive: tuple[NodeState, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    """`alive_nodes()`, until a node event changes which nodes are alive (`_nodes_changed`)"""
 
     # --- capacity ---------------------------------------------------------------
-    def alive_nodes(self) -> list[NodeState]:
-        return [self.nodes[n] for n in sorted(self.nodes) if self.nodes[n].alive]
+    def alive_nodes(self) -> tuple[NodeState, ...]:
+        """The live nodes, by name (every round and every submission reads them: kept until a node event
+        changes them)."""
+        if self._alive is None:
+            nodes = self.nodes
+            self._alive = tuple(nodes[n] for n in sorted(nodes) if nodes[n].alive)
+        return self._alive
+
+    def _nodes_changed(self) -> None:
+        self._alive = None
 
     def totals(self) -> tuple[int, int, float]:
         nodes = self.alive_nodes()
@@ -343,6 +353,7 @@ def _rejected(s: ClusterState, x: p.Rejected, t: float) -> None:
 
 def _node_registered(s: ClusterState, x: p.NodeRegistered, t: float) -> None:
     old = s.nodes.get(x.node)
+    s._nodes_changed()
     s.nodes[x.node] = NodeState(x.node, x.gpus, x.gpu_mem_gb, x.cpus, x.mem_gb, x.gpu_type, True,
                                 old.registered_at if old else t, t, old.jobs if old else ())
 
@@ -350,6 +361,8 @@ def _node_registered(s: ClusterState, x: p.NodeRegistered, t: float) -> None:
 def _heartbeat(s: ClusterState, x: p.NodeHeartbeat, t: float) -> None:
     node = s.nodes.get(x.node)
     if node is not None:
+        if not node.alive:
+            s._nodes_changed()
         node.alive, node.last_seen, node.jobs = True, t, x.jobs
 
 
@@ -357,6 +370,7 @@ def _node_lost(s: ClusterState, x: p.NodeLost, t: float) -> None:
     node = s.nodes.get(x.node)
     if node is None:
         return
+    s._nodes_changed()
     node.alive, node.jobs = False, ()
     for job in s.jobs.values():
         if job.status == "running" and any(sh.node == x.node for sh in job.allocation):

@@ -56,3 +56,25 @@ def test_fold_is_deterministic_and_incremental():
     part = fold(events[:5], known_models=["gpt2"])
     fold(events[5:], part)
     assert whole == part
+
+
+def test_the_live_nodes_follow_every_node_event():
+    """`alive_nodes()` is kept between reads: each event that changes which nodes are alive (or what one has)
+    must show in the next read, and the totals with it."""
+    from controlplane.events import NodeHeartbeat, NodeRegistered
+
+    def reg(name, gpus, t):
+        return ev("node.registered", NodeRegistered(node=name, gpus=gpus, gpu_mem_gb=80.0, cpus=64, mem_gb=512.0), t)
+
+    state = fold([reg("b", 8, 1.0), reg("a", 4, 2.0)], known_models=["gpt2"])
+    assert [n.node for n in state.alive_nodes()] == ["a", "b"] and state.totals()[0] == 12
+    fold([ev("node.lost", NodeLost(node="a", reason="gone"), 3.0)], state)
+    assert [n.node for n in state.alive_nodes()] == ["b"] and state.totals()[0] == 8
+    fold([ev("node.heartbeat", NodeHeartbeat(node="b", jobs=()), 4.0)], state)  # alive already: the same nodes
+    assert [n.node for n in state.alive_nodes()] == ["b"]
+    fold([ev("node.heartbeat", NodeHeartbeat(node="a", jobs=()), 5.0)], state)  # back
+    assert [n.node for n in state.alive_nodes()] == ["a", "b"] and state.totals()[0] == 12
+    fold([reg("a", 2, 6.0)], state)  # registered again with fewer GPUs
+    assert [(n.node, n.gpus) for n in state.alive_nodes()] == [("a", 2), ("b", 8)] and state.totals()[0] == 10
+    fold([reg("c", 8, 7.0)], state)
+    assert [n.node for n in state.alive_nodes()] == ["a", "b", "c"] and state.totals()[0] == 18
