@@ -163,6 +163,9 @@ class _Job:
     reason: str = ""
     detail: dict[str, str] = field(default_factory=dict)
     forced: bool = False
+    placed: tuple | None = None
+    """(GPUs per node, CPUs per GPU, best plan) of what it held as the round began (`_place_current`): read again
+    at the round's end when it holds the same"""
 
     def up(self) -> float:
         g = self.g
@@ -435,7 +438,7 @@ class RubickEngine:
         record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
         record.privileged = record.forced = False
-        record.g, record.best, record.reason = 0, None, ""
+        record.g, record.best, record.reason, record.placed = 0, None, "", None
         for held_on in (record.g_on, record.c_on, record.mem_on):
             if held_on:
                 held_on.clear()
@@ -506,7 +509,9 @@ class RubickEngine:
                 on_node[node].add(job.id)
                 self.placed[job.id] = job
             if job.g:
-                job.best = self._best_on(job, tuple(job.g_on.values()), self._cpg_of(job))
+                gpus, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+                job.best = self._best_on(job, gpus, cpg)
+                job.placed = (gpus, cpg, job.best)
 
     def _privileged(self) -> None:
         """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
@@ -1287,10 +1292,13 @@ class RubickEngine:
             if job.inp.current and reason == "queued":
                 reason = "preempted"
             return Outcome(job.id, {}, None, 0.0, reason, job.detail, self._pending(job, 0))
-        cpg = self._cpg_of(job)
-        best = self._best_on(job, tuple(job.g_on.values()), cpg)
+        cpg, gpus, placed = self._cpg_of(job), tuple(job.g_on.values()), job.placed
+        if placed is not None and placed[0] == gpus and placed[1] == cpg:
+            best = placed[2]  # it holds what it held as the round began: the same best plan
+        else:
+            best = self._best_on(job, gpus, cpg)
         if job.privileged:
-            best = self._guarded(job, best, tuple(job.g_on.values()))
+            best = self._guarded(job, best, gpus)
         if best.plan is None:
             return Outcome(job.id, {}, None, 0.0, "preempted", {"why": "no plan fits the placement left"},
                            self._pending(job, 0, "no-fit"))
