@@ -96,9 +96,7 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
     try:
         items = bench_events(n, "b")
         t_first = time.time()
-        for start in range(0, n, chunk):
-            acks = await bus.publish_many(items[start:start + chunk])
-            assert all(a.seq > 0 for a in acks)
+        await publish_all(bus, items, chunk)
         t_published = time.time()
         await bus.close()
         await landed_rows(log_dir, n, landed)
@@ -153,6 +151,13 @@ def bench_events(n: int, prefix: str) -> list[tuple[str, bytes, str]]:
     return [(e.subject, encode(e), e.id) for e in events]
 
 
+async def publish_all(bus: JetStreamBus, items: list[tuple[str, bytes, str]], chunk: int) -> None:
+    """Publish `items` in chunks, acknowledgements collected per chunk; every one must be stored."""
+    for start in range(0, len(items), chunk):
+        acks = await bus.publish_many(items[start:start + chunk])
+        assert all(a.seq > 0 for a in acks)
+
+
 async def landed_rows(log_dir: Path, n: int, seen: dict[Path, float], timeout: float = 120.0) -> int:
     """Wait until `n` rows are in the log's Parquet files (or `timeout` s); `seen`: file -> when it landed."""
     deadline = time.time() + timeout
@@ -173,9 +178,7 @@ async def drain(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int
     await ensure_lease_bucket(bus.js)
     items = bench_events(n, "d")
     try:
-        for start in range(0, n, chunk):
-            acks = await bus.publish_many(items[start:start + chunk])
-            assert all(a.seq > 0 for a in acks)
+        await publish_all(bus, items, chunk)
     finally:
         await bus.close()
     recorder = start_recorder(url, log_dir, roll_seconds)
