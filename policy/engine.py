@@ -1037,7 +1037,9 @@ class RubickEngine:
         began), or that of a job shrunk since"""
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
         scans, orders = (self._scans, self._orders) if queued else (None, None)
-        for node in self._node_order(job, orders) if only is None else only:
+        g0 = job.g
+        nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
+        for node in nodes:
             if target - job.g <= 0:
                 break
             take = min(self.free_g[node], target - job.g)
@@ -1059,6 +1061,11 @@ class RubickEngine:
                 victims[victim.id] = victim
                 if self._over_min(victim):
                     floor = min(floor, (victim.inp.priority, victim.down()))
+        if (not victims and job.g == g0 and g0 >= max(1, job.min_g) and job.inp.running
+                and self._settled(job, before[2])):
+            self._reindex(job)  # as the undo below would (nothing was written)
+            self.why[job.id] = "held"  # the restart rule, as below: nothing gathered, nothing faster
+            return True
         touched = [job, *victims.values()]
         gathered = job.g
         if gathered < max(1, job.min_g) or not self._settle(jr, job):
@@ -1157,6 +1164,51 @@ class RubickEngine:
         jr.attr(job, "best", best)
         return True
 
+    def _may_gather(self, job: _Job, floor: tuple[float, float]) -> bool:
+        """Whether an attempt's search may find a GPU for the job: one free, or one it may take from a job below
+        `floor` (any, under its minimum). When it may not, every node would be passed over."""
+        return job.g < job.min_g or self._any_free() or self._beats(job, floor)
+
+    def _settled(self, job: _Job, old: Best | None) -> bool:
+        """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing) would give back
+        nothing, find its CPUs as they are and the memory its plan needs, and end on a plan no faster than `old`
+        (its best as the attempt began): the restart rule (`_worth_it`) would then refuse the change, and the
+        attempt be undone whole. Read without writing anything; each check is `_settle`'s own, in its order, and a
+        case it does not answer for sure (a trim, CPUs to take, reclaim or give back) is left to `_settle` itself."""
+        if old is None or old.throughput <= 0 or not job.c_on:
+            return False
+        g_on, c_on = job.g_on, job.c_on
+        cpg = self._cpg_of(job)
+        place = tuple(g_on.values())
+        best = self._best_on(job, place, max(cpg, job.cpg))
+        if best.plan is None:
+            return False
+        if job.privileged:
+            best = self._guarded(job, best, place)
+            if not self._meets(job, best):
+                return False
+        if best.placement != canonical(place):
+            return False  # a plan on fewer GPUs: `_trim` would give some back
+        want, floor = self._cpu_want(job)
+        if want < floor:
+            return False
+        for node, g in g_on.items():
+            if c_on.get(node, 0) != g * want:
+                return False
+        best = self.book.best(job.inp.kind, best.placement, cpg)
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return False
+        if best.plan is None or best.throughput > old.throughput * (1 + 1e-9):
+            return False
+        per_node, asked = self._mem_want(job, best)
+        free_m, mem_on, per_gpu = self.free_m, job.mem_on, self.mem_per_gpu_gb
+        for node, g in g_on.items():
+            if free_m[node] + mem_on.get(node, 0.0) < max(per_node + per_gpu * g, asked * g) - 1e-9:
+                return False
+        return True
+
     def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
         """The best plan for an allocation: on it or on what is left after giving back GPUs on its
         smallest nodes; with fixed resources (the job gets exactly its request) on all of it."""
@@ -1185,12 +1237,7 @@ class RubickEngine:
     def _alloc_cpus(self, jr: _Journal, job: _Job) -> bool:
         """CPUs per GPU: the fewest reaching the top of the job's CPU curve (at least its minimum),
         from free CPUs first, then from jobs on the node whose CPU slope is lower."""
-        kind, place = job.inp.kind, canonical(tuple(job.g_on.values()))
-        top = self.book.memo(kind, ("cpu-knee", place), lambda: knee(self.book.cpu_curve(kind, place)))
-        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
-        if self.fixed_resources or job.inp.requested_cpus:
-            want = max(want, job.cpg) if self.fixed_resources else want
-        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
+        want, floor = self._cpu_want(job)
         for node in sorted(job.g_on):
             target = job.g_on[node] * want
             have = job.c_on.get(node, 0)
@@ -1208,6 +1255,16 @@ class RubickEngine:
             if job.c_on.get(node, 0) < job.g_on[node] * floor:
                 return False
         return True
+
+    def _cpu_want(self, job: _Job) -> tuple[int, int]:
+        """(CPUs per GPU `_alloc_cpus` gives the job on its GPUs now, the fewest it may run on)."""
+        kind, place = job.inp.kind, canonical(tuple(job.g_on.values()))
+        top = self.book.memo(kind, ("cpu-knee", place), lambda: knee(self.book.cpu_curve(kind, place)))
+        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
+        if self.fixed_resources:
+            want = max(want, job.cpg)
+        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
+        return want, floor
 
     def _reclaim_cpus(self, jr: _Journal, node: str, job: _Job, short: int) -> None:
         gain_curve = self._cpu_curve(job)
@@ -1235,10 +1292,7 @@ class RubickEngine:
     def _alloc_mem(self, jr: _Journal, job: _Job, best: Best) -> bool:
         """AllocMem: on each node, the plan's host memory (ZeRO-Offload's optimizer state, split over the
         nodes) and `mem_per_gpu_gb` per GPU, or the owner's requested memory per GPU held, whichever is more."""
-        need = self.book.oracle.host_mem_gb(job.inp.kind.model, job.inp.kind.global_batch, best.placement,
-                                            best.plan) if best.plan.offload else 0.0
-        per_node = need / max(1, len(job.g_on))
-        asked = job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
+        per_node, asked = self._mem_want(job, best)
         for node in sorted(job.g_on):
             want = max(per_node + self.mem_per_gpu_gb * job.g_on[node], asked * job.g_on[node])
             have = job.mem_on.get(node, 0.0)
@@ -1250,6 +1304,13 @@ class RubickEngine:
             jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
             jr.set(job.mem_on, node, None)
         return True
+
+    def _mem_want(self, job: _Job, best: Best) -> tuple[float, float]:
+        """(The plan's host memory per node, the owner's requested memory per GPU) that `_alloc_mem` gives."""
+        kind = job.inp.kind
+        need = self.book.oracle.host_mem_gb(kind.model, kind.global_batch, best.placement,
+                                            best.plan) if best.plan.offload else 0.0
+        return need / max(1, len(job.g_on)), job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
 
     def _worth_it(self, job: _Job, old: Best | None, victims: dict[str, _Job]) -> bool:
         """The restart rule for a running job's own change."""

@@ -24,7 +24,8 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
          ("llama7", 4, Plan(dp=4, zero_stage=2, offload=True)), ("gpt2", 2, Plan(dp=2, zero_stage=2, offload=True))]
 
 
-def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96) -> tuple[list[bytes], object]:
+def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
+          mem_gb: float = 1600.0) -> tuple[list[bytes], object]:
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
     core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas)
@@ -56,7 +57,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
                          JobPreempted(job_id=d.job_id, reason="withdrawn", iterations_done=0))
 
     for i in range(nodes):
-        feed("node.registered", node(f"n{i:02d}", cpus=cpus))
+        feed("node.registered", node(f"n{i:02d}", cpus=cpus, mem_gb=mem_gb))
     feed("clock.tick", ClockTick(seq=0, period_s=60.0))
     count = 0
 
@@ -203,3 +204,36 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
     monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
     assert seen["calls"] > 50 and seen["nodes"] > 50
+
+
+@pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0)])
+def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch, seed, mem_gb):
+    """An attempt of a running job that finds no GPU to add (nothing free, no job below it) is answered by
+    `_settled` without `_settle`: each time it says the change would be refused, settling the allocation as it is
+    succeeds, takes nothing from another job, and ends on a plan the restart rule refuses; the events published
+    are those of a core that settles every attempt and searches every node. With 20 GB a node, some plans' host
+    memory does not fit where the job runs."""
+    real = engine_mod.RubickEngine._settled
+    seen = {"settled": 0, "not": 0}
+
+    def checked(self, job, old):
+        answer = real(self, job, old)
+        seen["settled" if answer else "not"] += 1
+        if answer:
+            forced = {j.id: j.forced for j in self.jobs.values()}
+            jr = engine_mod._Journal()
+            assert self._settle(jr, job)
+            assert not self._worth_it(job, old, {})
+            assert {j.id: j.forced for j in self.jobs.values()} == forced
+            self._undo(jr, [job])
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", checked)
+    shortcut, core = drive(seed, mem_gb=mem_gb)
+    assert seen["settled"] > 50 and seen["not"] > 10
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_may_gather", lambda self, job, floor: True)
+    settled_each_time, _ = drive(seed, mem_gb=mem_gb)
+    assert sum(b"plan.decided" in b for b in shortcut) >= 10
+    assert shortcut == settled_each_time
