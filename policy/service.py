@@ -316,7 +316,7 @@ class PolicyCore:
                      float(job.target_iterations),  # target_iters
                      max(0.0, t - job.submitted_at),  # elapsed_s
                      t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf,  # changed_s
-                     self._recent_changes(job_id, t),  # recent_changes
+                     self._recent_changes(job_id, t) if job_id in self.changes else 0,  # recent_changes
                      self.ref_iter.get(job_id, math.inf))  # ref_iter_s
 
     def _recent_changes(self, job_id: str, t: float) -> int:
@@ -343,14 +343,18 @@ class PolicyCore:
             self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
         pending_now = self._pending_of(outcomes, jobs) if self.reasons else {}
-        for o in sorted(outcomes, key=lambda o: o.job_id):
-            prev = self.last.get(o.job_id)
-            job = self.state.jobs[o.job_id]
-            if prev is None and not o.shares and not job.decided_allocation:
-                self.last[o.job_id] = o
+        last, states, new = self.last, self.state.jobs, []
+        for o in outcomes:  # most repeat the last round's: only the others are sorted (a job's id is in one)
+            prev = last.get(o.job_id)
+            if prev is None:
+                if not o.shares and not states[o.job_id].decided_allocation:
+                    last[o.job_id] = o
+                    continue
+            elif prev.shares == o.shares and prev.plan == o.plan:
                 continue
-            if prev is not None and prev.shares == o.shares and prev.plan == o.plan:
-                continue
+            new.append((o.job_id, o, prev))
+        new.sort(key=lambda x: x[0])
+        for _, o, prev in new:
             self.last[o.job_id] = o
             self.changed_at[o.job_id] = event.time
             if prev is not None and prev.shares:  # a change of what it runs on, not its first start
