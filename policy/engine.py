@@ -309,7 +309,8 @@ class RubickEngine:
                 self._tables(job)
         self._place_current()
         for job in self.jobs.values():
-            self._reindex(job)
+            if job.g:  # one holding nothing has no key to list (the index is new this round)
+                self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
         self._kept = 0
