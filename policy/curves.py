@@ -167,38 +167,38 @@ class PlanBook:
         return hit
 
     def fill(self, kind: JobKind, wanted: Sequence[tuple[tuple[int, ...], int]]) -> None:
-        """Find the best plans of many (placement, CPUs per GPU) in one oracle call."""
-        vkey = self._key(kind)
+        """Find the best plans of many (placement, CPUs per GPU) in one oracle call. A placement missed at one
+        CPU count is evaluated at all of them; one without plans is settled (no plan) without asking."""
+        vkey, known = self._key(kind), self._best
+        every = range(1, self.max_cpus_per_gpu + 1) if kind.offload else None
         todo, items, spans = [], [], []
-        expanded = []
-        for place, cpg in wanted:  # a placement missed at one CPU count is evaluated at all of them
-            place = canonical(place)
-            if kind.offload and (vkey, place, self._cpg(kind, cpg)) not in self._best:
-                expanded.extend((place, c) for c in range(1, self.max_cpus_per_gpu + 1))
-            else:
-                expanded.append((place, self._cpg(kind, cpg)))
         queued = set()
-        for place, cpg in expanded:
-            if (vkey, place, cpg) in self._best or (place, cpg) in queued:
-                continue
-            plans = kind.plans(place) if place else ()
-            spans.append((len(items), len(items) + len(plans)))
-            items.extend((place, cpg, p) for p in plans)
-            todo.append((place, cpg))
-            queued.add((place, cpg))
+        plans_of: dict = {}
+        for place, cpg in wanted:
+            place, cpg = canonical(place), self._cpg(kind, cpg)
+            for c in every if every is not None and (vkey, place, cpg) not in known else (cpg,):
+                if (vkey, place, c) in known or (place, c) in queued:
+                    continue
+                plans = plans_of.get(place)
+                if plans is None:
+                    plans = plans_of[place] = kind.plans(place) if place else ()
+                if not plans:
+                    known[(vkey, place, c)] = NONE
+                    continue
+                spans.append((len(items), len(items) + len(plans)))
+                items.extend([(place, c, p) for p in plans])
+                todo.append((place, c))
+                queued.add((place, c))
         if not todo:
             return
         times, resolved = self.oracle.evaluate_many(kind.model, kind.global_batch, items)
         self.evaluations += len(items)
         usable = np.where(np.isfinite(times) & (times > 0), times, np.inf).tolist()
         for (place, cpg), (lo, hi) in zip(todo, spans):
-            best = NONE
-            if hi > lo:
-                seg = usable[lo:hi]
-                fastest = min(seg)
-                if fastest != np.inf:  # the first of the fastest, as argmin would pick
-                    best = Best(kind.global_batch / fastest, resolved[lo + seg.index(fastest)], place)
-            self._best[(vkey, place, cpg)] = best
+            seg = usable[lo:hi]
+            fastest = min(seg)  # the first of the fastest, as argmin would pick
+            known[(vkey, place, cpg)] = NONE if fastest == np.inf else Best(
+                kind.global_batch / fastest, resolved[lo + seg.index(fastest)], place)
 
     def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         """The best plan on `placement` or on a placement left by trimming its smallest nodes."""
