@@ -106,6 +106,10 @@ class PolicyCore:
     rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
     _made: dict = field(default_factory=dict, repr=False)
+    _idle: dict = field(default_factory=dict, repr=False)
+    """job -> its `JobIn`, built while it held nothing and ran nothing. Only its times change from one round
+    to the next while nothing happens to it, so the next round takes the same object with its times brought
+    forward (`_inputs`); any event about the job, and any decision that changes it, drops it."""
     """job -> ((reason, GPUs, needs, detail), the `Pending` made of them) in the last round"""
 
     def __post_init__(self) -> None:
@@ -120,6 +124,9 @@ class PolicyCore:
             return []  # a node's report on a job not placed on it changes nothing (admission answers it)
         known_before = event.payload.job_id in self.state.jobs if base == "job.submitted" else False
         self.state.apply(event)
+        about = getattr(event.payload, "job_id", None)
+        if about:
+            self._idle.pop(about, None)
         out: list[Event] = []
         if base == "job.submitted":
             job = self.state.jobs.get(event.payload.job_id)
@@ -171,7 +178,7 @@ class PolicyCore:
     def _drop(self, job_id: str) -> None:
         """Forget what the core keeps of a job that is over."""
         for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
-                      self._job_kinds):
+                      self._job_kinds, self._idle):
             table.pop(job_id, None)
 
     def _may_wait(self, event: Event) -> bool:
@@ -319,6 +326,28 @@ class PolicyCore:
                      self._recent_changes(job_id, t) if job_id in self.changes else 0,  # recent_changes
                      self.ref_iter.get(job_id, math.inf))  # ref_iter_s
 
+    def _inputs(self, t: float) -> list[JobIn]:
+        """Every open job's `JobIn` for a round at `t`. A job that holds nothing and runs nothing, and that no event
+        or decision touched since its input was built, takes that input again with the fields that follow the
+        clock brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it round by round)."""
+        idle, jobs = self._idle, []
+        changes, changed_at, ticks = self.changes, self.changed_at, self.tick_period_s > 0
+        for js in self.state.jobs_in("queued", "running", "preempted"):
+            job_id = js.job_id
+            inp = idle.get(job_id)
+            if inp is None:
+                inp = self.job_in(js, t)
+                if inp is None:
+                    continue
+                if not inp.running and not inp.current and job_id in self.order:
+                    idle[job_id] = inp
+            else:
+                inp.elapsed_s = max(0.0, t - js.submitted_at)
+                inp.changed_s = t - changed_at.get(job_id, -math.inf) if ticks else math.inf
+                inp.recent_changes = self._recent_changes(job_id, t) if job_id in changes else 0
+            jobs.append(inp)
+        return jobs
+
     def _recent_changes(self, job_id: str, t: float) -> int:
         """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
         window = getattr(self.engine, "hold_backoff_s", 0.0)
@@ -335,8 +364,7 @@ class PolicyCore:
             self.engine.quotas = self.state.quotas()  # a share follows the live nodes' GPUs
         self.last_round_at = event.time
         nodes = [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in self.state.alive_nodes()]
-        jobs = [j for j in (self.job_in(js, event.time) for js in self.state.jobs_in("queued", "running",
-                                                                                        "preempted")) if j]
+        jobs = self._inputs(event.time)
         outcomes = self.engine.schedule(nodes, jobs) if nodes else []
         outcomes += self._withdrawn()
         if getattr(self.engine, "held_back", False):
@@ -356,6 +384,7 @@ class PolicyCore:
         new.sort(key=lambda x: x[0])
         for _, o, prev in new:
             self.last[o.job_id] = o
+            self._idle.pop(o.job_id, None)
             self.changed_at[o.job_id] = event.time
             if prev is not None and prev.shares:  # a change of what it runs on, not its first start
                 self.changes.setdefault(o.job_id, []).append(event.time)

@@ -60,3 +60,105 @@ def test_every_field_of_a_running_job_comes_from_its_own_source():
     # values no two fields share, so a swap cannot pass unseen
     plain = [v for k, v in want.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     assert len(plain) == len(set(plain)), want
+
+
+def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
+    """A job that holds nothing and runs nothing takes its last round's input again, with its times brought
+    forward (`PolicyCore._inputs`). Round by round, through what changes a waiting job (its priority, a
+    suspension and a resumption, a cancellation, a preemption, measured iterations, a node lost, a refit, a
+    new tick period), every input the engine is handed equals, field by field, what `job_in` builds then."""
+    from controlplane.events import JobCompleted, JobPreempted, ModelUpdated, NodeLost
+    from controlplane.events.payloads import JobControl, JobPriority
+    from modeler.service import make_core
+
+    from .helpers import job
+
+    core = core_for("rubick", hold_s=None, hold_backoff_s=40.0)  # changes older than 40 s are forgotten
+    c = Clock()
+    seen = {"rounds": 0, "inputs": 0, "again": 0, "changed_before": 0}
+    last: dict[str, object] = {}
+    schedule = core.engine.schedule
+
+    def checked(nodes, jobs):
+        t = c.t
+        for inp in jobs:
+            fresh = core.job_in(core.state.jobs[inp.job_id], t)
+            for f in dataclasses.fields(JobIn):
+                assert getattr(inp, f.name) == getattr(fresh, f.name), (inp.job_id, f.name)
+            seen["again"] += last.get(inp.job_id) is inp
+            seen["changed_before"] += inp.recent_changes > 0 and not inp.current
+            last[inp.job_id] = inp
+        seen["rounds"] += 1
+        seen["inputs"] += len(jobs)
+        return schedule(nodes, jobs)
+
+    core.engine.schedule = checked
+    core.handle(c.ev("clock.tick", ClockTick(seq=0, period_s=60.0)))
+    for i in range(2):
+        core.handle(c.ev("node.registered", node(f"n{i}")))
+    kinds = [("gpt2", 8, Plan(dp=8)), ("bert", 32, Plan(dp=4)), ("vit", 4, Plan(dp=4))]
+    for i in range(14):  # more than two nodes hold: most wait
+        model, gbs, plan = kinds[i % 3]
+        core.handle(c.ev("job.submitted", job(f"j{i:02d}", model, 32, plan, plan.dp, guaranteed=i % 4 == 0,
+                                              iters=10**6)))
+
+    def waiting() -> list[str]:
+        return sorted(j.job_id for j in core.state.jobs.values()
+                      if j.status in ("queued", "preempted") and not j.decided_allocation)
+
+    def running() -> list[str]:
+        return sorted(j.job_id for j in core.state.jobs.values() if j.status == "running")
+
+    def tick(n: int, period: float = 60.0) -> None:
+        core.handle(c.ev("clock.tick", ClockTick(seq=n, period_s=period), dt=30.0))
+
+    def start_decided() -> None:  # the agents: start what was placed, stop what was preempted
+        for j in list(core.state.jobs.values()):
+            if j.decided_allocation and j.status != "running":
+                core.handle(c.ev("job.started", JobStarted(job_id=j.job_id, allocation=j.decided_allocation,
+                                                           plan=j.decided_plan)))
+            elif j.status == "running" and not j.decided_allocation:
+                core.handle(c.ev("job.preempted", JobPreempted(job_id=j.job_id, reason="preempted",
+                                                               iterations_done=j.iterations_done)))
+
+    start_decided()
+    tick(1)
+    a, b, d = waiting()[:3]
+    core.handle(c.ev("job.priority", JobPriority(job_id=a, priority=7)))
+    tick(2)
+    core.handle(c.ev("job.suspend", JobControl(job_id=b)))
+    tick(3)
+    core.handle(c.ev("job.resume", JobControl(job_id=b)))
+    tick(4, period=30.0)
+    core.handle(c.ev("job.cancel", JobControl(job_id=d)))
+    tick(5)
+    victim = running()[0]
+    share = core.state.jobs[victim].allocation[0]
+    core.handle(c.ev("metrics.iteration", MetricsIteration(
+        job_id=victim, model_type=core.state.jobs[victim].model_type, iteration=99, iter_time_s=0.5,
+        plan=core.state.jobs[victim].plan, gpus_per_node=(share.gpus,), cpus_per_gpu=max(1, share.cpus // share.gpus))))
+    core.handle(c.ev("job.preempted", JobPreempted(job_id=victim, reason="node drained", iterations_done=100)))
+    tick(6)
+    start_decided()
+    keeps = running()[0]  # measured: its remaining iterations follow the clock while it runs
+    share = core.state.jobs[keeps].allocation[0]
+    core.handle(c.ev("metrics.iteration", MetricsIteration(
+        job_id=keeps, model_type=core.state.jobs[keeps].model_type, iteration=9, iter_time_s=0.5,
+        plan=core.state.jobs[keeps].plan, gpus_per_node=(share.gpus,), cpus_per_gpu=max(1, share.cpus // share.gpus))))
+    params = dict(make_core().types["bert"].params.as_dict())
+    params["k_bwd"] *= 1.3
+    core.handle(c.ev("model.updated", ModelUpdated(model_type="bert", version=2, params=params, n_points=9,
+                                                   rmsle=0.05)))
+    tick(7)
+    core.handle(c.ev("node.lost", NodeLost(node="n1", reason="test")))
+    tick(8)
+    for j in running()[:1]:
+        core.handle(c.ev("job.completed", JobCompleted(job_id=j, iterations=10**6)))
+    start_decided()
+    for n in range(9, 15):  # and the clock runs on: recent changes are forgotten
+        tick(n)
+        start_decided()
+    assert seen["rounds"] >= 10 and seen["again"] >= 30  # waiting jobs' inputs were taken again, and checked
+    assert seen["changed_before"] > 0  # a waiting job that a decision changed before: its recent changes count
+    assert core.state.jobs[a].priority == 7 and core.state.jobs[b].status != "suspended"
+    assert core.state.jobs[victim].iterations_done == 100
