@@ -422,12 +422,15 @@ class RubickEngine:
         job's record of the last round, made again in place (a round makes thousands: fewer objects for the
         garbage collector to walk)."""
         guaranteed = inp.guaranteed and not self.fixed_resources
-        kind, plan, gpus, ratio = inp.kind, inp.requested_plan, inp.requested_gpus, self._ratio(inp)
+        kind = inp.kind
         version = self.book._key(kind)  # the kind's memo key at its model's version: the same object until a refit
         margins = self._margins_key(kind) if guaranteed else None
         held = prepared.get(inp.job_id) if prepared is not None else None
-        if (held is None or held[0] is not kind or held[1] is not version or held[2] is not plan or held[3] != gpus
-                or held[4] != ratio or held[5] != guaranteed or held[6] != margins):
+        if held is None or held[1] is not version or held[6] != margins or (
+                (record is None or record.inp is not inp)  # the same input object asks the same (a waiting job's)
+                and (held[0] is not kind or held[2] is not inp.requested_plan or held[3] != inp.requested_gpus
+                     or held[4] != self._ratio(inp) or held[5] != guaranteed)):
+            plan, gpus, ratio = inp.requested_plan, inp.requested_gpus, self._ratio(inp)
             key = ("job", plan, gpus, ratio, guaranteed, margins)
             held = (kind, version, plan, gpus, ratio, guaranteed, margins,
                     self.book.memo(kind, key, lambda: self._demand(inp, guaranteed)))
