@@ -127,6 +127,12 @@ class ClusterState:
         jobs = self.jobs
         return [jobs[j] for j in sorted(j for j in ids if j in jobs and jobs[j].status in statuses)]
 
+    def open_in(self, *statuses: str) -> list[JobState]:
+        """The open jobs (none over) in any of `statuses`, in the order they were first seen: `jobs_in` without
+        the sort by id, for a caller to whom the order makes no difference."""
+        jobs = self.jobs
+        return [job for j in self.open_jobs if (job := jobs.get(j)) is not None and job.status in statuses]
+
     def quotas(self) -> dict[str, int] | None:
         """The quotas in force: the start-up ones overlaid with every `quota.set`; None: none at all."""
         if self.start_quotas is None and not self.quota_changes and not self.quota_shares:

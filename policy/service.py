@@ -332,7 +332,7 @@ class PolicyCore:
         clock brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it round by round)."""
         idle, jobs = self._idle, []
         changes, changed_at, ticks = self.changes, self.changed_at, self.tick_period_s > 0
-        for js in self.state.jobs_in("queued", "running", "preempted"):
+        for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
             job_id = js.job_id
             inp = idle.get(job_id)
             if inp is None:
@@ -448,11 +448,11 @@ class PolicyCore:
     def _withdrawn(self) -> list[Outcome]:
         """Jobs cancelled or suspended by their owner that still hold resources: an empty allocation each
         (the agents checkpoint and stop them)."""
+        states, last = self.state.jobs, self.last
         out = []
-        for job_id in sorted(self.last):
-            job = self.state.jobs.get(job_id)
-            if job is not None and job.status in WITHDRAWN and self.last[job_id].shares:
-                out.append(Outcome(job_id, {}, None, 0.0, WITHDRAWN[job.status], {}))
+        for job_id in sorted(j for j in last if (job := states.get(j)) is not None and job.status in WITHDRAWN
+                             and last[j].shares):
+            out.append(Outcome(job_id, {}, None, 0.0, WITHDRAWN[states[job_id].status], {}))
         return out
 
     def explain(self, job_id: str, t: float | None = None) -> dict:

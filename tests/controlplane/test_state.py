@@ -78,3 +78,19 @@ def test_the_live_nodes_follow_every_node_event():
     assert [(n.node, n.gpus) for n in state.alive_nodes()] == [("a", 2), ("b", 8)] and state.totals()[0] == 10
     fold([reg("c", 8, 7.0)], state)
     assert [n.node for n in state.alive_nodes()] == ["a", "b", "c"] and state.totals()[0] == 18
+
+
+def test_the_open_jobs_are_those_jobs_in_lists_in_the_order_first_seen():
+    sub = PAYLOADS["job.submitted"]
+    ids = ["zeta", "alpha", "mid", "beta"]
+    share = (NodeShare(node="node-0", gpus=2, cpus=16, mem_gb=64.0),)
+    events = [sample("node.registered")] + [ev("job.submitted", dataclasses.replace(sub, job_id=j), 10.0 + i)
+                                            for i, j in enumerate(ids)]
+    events += [ev("job.started", JobStarted(job_id="mid", allocation=share, plan=Plan(dp=2)), 20.0),
+               ev("job.completed", JobCompleted(job_id="alpha", iterations=1000), 30.0)]
+    state = fold(events, known_models=["gpt2"])
+    statuses = ("queued", "running", "preempted")
+    assert [j.job_id for j in state.open_in(*statuses)] == ["zeta", "mid", "beta"]  # submission order, not by id
+    assert sorted(j.job_id for j in state.open_in(*statuses)) == [j.job_id for j in state.jobs_in(*statuses)]
+    assert [j.job_id for j in state.open_in("running")] == ["mid"]
+    assert not state.open_in("completed")  # a job over is not open
