@@ -166,6 +166,9 @@ class _Job:
     placed: tuple | None = None
     """(GPUs per node, CPUs per GPU, best plan) of what it held as the round began (`_place_current`): read again
     at the round's end when it holds the same"""
+    idle: Outcome | None = None
+    """the outcome the record last gave holding nothing: given again while it says the same (most waiting jobs'
+    do, round after round)"""
 
     def up(self) -> float:
         g = self.g
@@ -1356,7 +1359,11 @@ class RubickEngine:
             reason = job.reason if job.reason in ("preempted", "node-lost") else (job.reason or "queued")
             if job.inp.current and reason == "queued":
                 reason = "preempted"
-            return Outcome(job.id, {}, None, 0.0, reason, job.detail, self._pending(job, 0))
+            pending, last = self._pending(job, 0), job.idle
+            if last is not None and last.reason == reason and last._detail is job.detail and last.pending == pending:
+                return last
+            job.idle = Outcome(job.id, {}, None, 0.0, reason, job.detail, pending)
+            return job.idle
         cpg, gpus, placed = self._cpg_of(job), tuple(job.g_on.values()), job.placed
         if placed is not None and placed[0] == gpus and placed[1] == cpg:
             best = placed[2]  # it holds what it held as the round began: the same best plan

@@ -106,11 +106,12 @@ class PolicyCore:
     rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
     _made: dict = field(default_factory=dict, repr=False)
+    """job -> ((reason, GPUs, needs, detail), the `Pending` made of them, the outcome they came from) in the last
+    round"""
     _idle: dict = field(default_factory=dict, repr=False)
     """job -> its `JobIn`, built while it held nothing and ran nothing. Only its times change from one round
     to the next while nothing happens to it, so the next round takes the same object with its times brought
     forward (`_inputs`); any event about the job, and any decision that changes it, drops it."""
-    """job -> ((reason, GPUs, needs, detail), the `Pending` made of them) in the last round"""
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -415,11 +416,15 @@ class PolicyCore:
         made, self._made = self._made, {}
         for o in outcomes:
             if o.pending is not None:
-                reason, needs, detail = o.pending
-                raw = (reason, sum(g for g, _, _ in o.shares.values()) if o.shares else 0, needs, detail)
                 held = made.get(o.job_id)
-                if held is None or held[0] != raw:  # the same reason as last round: the same Pending object
-                    held = (raw, Pending(job_id=o.job_id, reason=reason, gpus=raw[1], needs_gpus=needs, detail=detail))
+                if held is None or held[2] is not o:  # the same outcome object as last round: the same reason
+                    reason, needs, detail = o.pending
+                    raw = (reason, sum(g for g, _, _ in o.shares.values()) if o.shares else 0, needs, detail)
+                    if held is None or held[0] != raw:  # the same reason as last round: the same Pending object
+                        held = (raw, Pending(job_id=o.job_id, reason=reason, gpus=raw[1], needs_gpus=needs,
+                                             detail=detail), o)
+                    else:
+                        held = (held[0], held[1], o)
                 self._made[o.job_id] = held
                 out[o.job_id] = held[1]
             elif not o.shares and o.reason not in WITHDRAWN:
