@@ -43,6 +43,8 @@ ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.reg
 WITHDRAWN = {"cancelled": "cancelled", "suspended": "suspended"}
 """Job states an owner's request put a job in -> the reason of the decision that takes its resources."""
 DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
+KEEPS_FREE = frozenset({"job.submitted", "metrics.iteration", "clock.tick", "model.updated", "plan.pending"})
+"""Events that change no decided allocation, no open job's status and no node's life: `_free_gpus` stays."""
 
 
 @dataclass
@@ -108,6 +110,8 @@ class PolicyCore:
     _made: dict = field(default_factory=dict, repr=False)
     """job -> ((reason, GPUs, needs, detail), the `Pending` made of them, the outcome they came from) in the last
     round"""
+    _free: int | None = field(default=None, repr=False)
+    """`_free_gpus`, until an event that may change it (not one of `KEEPS_FREE`) or a round"""
     _idle: dict = field(default_factory=dict, repr=False)
     """job -> its `JobIn`, built while it held nothing and ran nothing. Only its times change from one round
     to the next while nothing happens to it, so the next round takes the same object with its times brought
@@ -128,6 +132,8 @@ class PolicyCore:
         about = getattr(event.payload, "job_id", None)
         if about:
             self._idle.pop(about, None)
+        if base not in KEEPS_FREE:
+            self._free = None
         out: list[Event] = []
         if base == "job.submitted":
             job = self.state.jobs.get(event.payload.job_id)
@@ -197,6 +203,11 @@ class PolicyCore:
 
     def _free_gpus(self) -> int:
         """GPUs of live nodes no decision holds (`last` has every job a round has seen that is not over)."""
+        if self._free is None:
+            self._free = self._count_free()
+        return self._free
+
+    def _count_free(self) -> int:
         alive = {n.node: n.gpus for n in self.state.alive_nodes()}
         used = 0
         for job_id in self.last:
@@ -361,6 +372,7 @@ class PolicyCore:
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
         self.dirty = False
+        self._free = None
         if self.state.quota_shares and hasattr(self.engine, "quotas"):
             self.engine.quotas = self.state.quotas()  # a share follows the live nodes' GPUs
         self.last_round_at = event.time

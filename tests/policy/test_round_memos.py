@@ -237,3 +237,54 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     settled_each_time, _ = drive(seed, mem_gb=mem_gb)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == settled_each_time
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_free_gpus_kept_between_events_are_those_counted_again(monkeypatch, seed):
+    """A submission that may wait for the next round asks how many GPUs no decision holds (`_free_gpus`); the
+    count is kept until an event that may change it. Each time it is asked, it equals a count made then."""
+    from policy import service as service_mod
+    real = service_mod.PolicyCore._free_gpus
+    seen = {"asked": 0, "kept": 0}
+
+    def checked(self):
+        seen["kept"] += self._free is not None
+        got = real(self)
+        assert got == self._count_free()
+        seen["asked"] += 1
+        return got
+
+    monkeypatch.setattr(service_mod.PolicyCore, "_free_gpus", checked)
+    drive(seed)
+    assert seen["asked"] > 50 and seen["kept"] > 10
+
+
+def test_a_round_between_two_submissions_counts_the_free_gpus_again(monkeypatch):
+    """Two best-effort submissions a second apart, nothing from the agents between them: the first finds free
+    GPUs and runs a round that places it; the second asks again and sees what the round left."""
+    from policy import service as service_mod
+    real = service_mod.PolicyCore._free_gpus
+    counts: list[int] = []
+
+    def checked(self):
+        got = real(self)
+        assert got == self._count_free()
+        counts.append(got)
+        return got
+
+    monkeypatch.setattr(service_mod.PolicyCore, "_free_gpus", checked)
+    oracle, models = from_modeler(MODELER)
+    core = make_policy("rubick", oracle=oracle, models=models)  # batching on: 60 s
+    t = {"now": 0.0}
+
+    def feed(subject: str, payload) -> list:
+        t["now"] += 1.0
+        return core.handle(make(subject, payload, time=t["now"], id=f"f-{t['now']}", source="test"))
+
+    feed("node.registered", node("n00"))
+    feed("clock.tick", ClockTick(seq=0, period_s=60.0))
+    first = feed("job.submitted", job("a", "vit", models["vit"].spec.global_batch_size, Plan(dp=1), 1))
+    assert any(e.base == "plan.decided" for e in first)  # it found GPUs free and ran a round
+    feed("job.submitted", job("b", "vit", models["vit"].spec.global_batch_size, Plan(dp=1), 1))
+    held = sum(s.gpus for s in core.state.jobs["a"].decided_allocation)
+    assert counts == [8, 8 - held] and held > 0
