@@ -43,6 +43,9 @@ ROUND_NOW = frozenset({"job.submitted", "job.completed", "job.failed", "node.reg
 WITHDRAWN = {"cancelled": "cancelled", "suspended": "suspended"}
 """Job states an owner's request put a job in -> the reason of the decision that takes its resources."""
 DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.iteration"})
+KEEPS_INPUTS = frozenset({"clock.tick", "model.updated", "node.registered", "node.heartbeat", "plan.pending",
+                          "quota.set", "run.described"})
+"""Events about no one job that change nothing `PolicyCore.job_in` reads but what `_inputs` brings forward."""
 KEEPS_FREE = frozenset({"job.submitted", "metrics.iteration", "clock.tick", "model.updated", "plan.pending"})
 """Events that change no decided allocation, no open job's status and no node's life: `_free_gpus` stays."""
 
@@ -112,10 +115,11 @@ class PolicyCore:
     round"""
     _free: int | None = field(default=None, repr=False)
     """`_free_gpus`, until an event that may change it (not one of `KEEPS_FREE`) or a round"""
-    _idle: dict = field(default_factory=dict, repr=False)
-    """job -> its `JobIn`, built while it held nothing and ran nothing. Only its times change from one round
-    to the next while nothing happens to it, so the next round takes the same object with its times brought
-    forward (`_inputs`); any event about the job, and any decision that changes it, drops it."""
+    _kept_in: dict = field(default_factory=dict, repr=False)
+    """job -> its `JobIn` as last built. While nothing happens to the job only the fields that follow the clock, its
+    measured progress and its status change, so the next round takes the same object with those brought forward
+    (`_inputs`); an event about the job (but a measured iteration), a decision that changes it and an event about
+    no one job that may change some (`KEEPS_INPUTS`) drop it."""
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -131,7 +135,10 @@ class PolicyCore:
         self.state.apply(event)
         about = getattr(event.payload, "job_id", None)
         if about:
-            self._idle.pop(about, None)
+            if base != "metrics.iteration":  # what it changes is brought forward every round
+                self._kept_in.pop(about, None)
+        elif base not in KEEPS_INPUTS:
+            self._kept_in.clear()  # an event about no one job that may change some (a node lost stops its jobs)
         if base not in KEEPS_FREE:
             self._free = None
         out: list[Event] = []
@@ -185,7 +192,7 @@ class PolicyCore:
     def _drop(self, job_id: str) -> None:
         """Forget what the core keeps of a job that is over."""
         for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
-                      self._job_kinds, self._idle):
+                      self._job_kinds, self._kept_in):
             table.pop(job_id, None)
 
     def _may_wait(self, event: Event) -> bool:
@@ -316,11 +323,6 @@ class PolicyCore:
         if known is None or known[0] is not model or known[1] is not support:
             known = self._job_kinds[job_id] = (model, support, self._kind(model, job.global_batch_size,
                                                                           job.requested_plan, support))
-        prog = self.progress.get(job_id, _NO_PROGRESS)
-        done = max(prog.iterations, job.iterations_done)
-        if job.status == "running" and prog.iter_time_s:
-            done += max(0.0, t - prog.at) / prog.iter_time_s
-        remaining = max(0.0, job.target_iterations - done)
         requested = job.requested
         # positional, in JobIn's field order (tests/policy/test_job_in.py checks each field): once per job a round,
         # and a call with keywords costs three times as much
@@ -331,32 +333,45 @@ class PolicyCore:
                      job.decided_plan if current else None,  # current_plan
                      job.status == "running" or bool(current),  # running
                      job.priority,
-                     remaining if remaining > 0 else math.inf,  # remaining_iters
+                     self._remaining(job, t),  # remaining_iters
                      float(job.target_iterations),  # target_iters
                      max(0.0, t - job.submitted_at),  # elapsed_s
                      t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf,  # changed_s
                      self._recent_changes(job_id, t) if job_id in self.changes else 0,  # recent_changes
                      self.ref_iter.get(job_id, math.inf))  # ref_iter_s
 
+    def _remaining(self, job: JobState, t: float) -> float:
+        """Iterations left at `t`: those measured or reported, and those run since at the measured speed."""
+        prog = self.progress.get(job.job_id, _NO_PROGRESS)
+        done = max(prog.iterations, job.iterations_done)
+        if job.status == "running" and prog.iter_time_s:
+            done += max(0.0, t - prog.at) / prog.iter_time_s
+        remaining = max(0.0, job.target_iterations - done)
+        return remaining if remaining > 0 else math.inf
+
     def _inputs(self, t: float) -> list[JobIn]:
-        """Every open job's `JobIn` for a round at `t`. A job that holds nothing and runs nothing, and that no event
-        or decision touched since its input was built, takes that input again with the fields that follow the
-        clock brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it round by round)."""
-        idle, jobs = self._idle, []
-        changes, changed_at, ticks = self.changes, self.changed_at, self.tick_period_s > 0
+        """Every open job's `JobIn` for a round at `t`. A job that no event (but a measured iteration), decision or
+        node lost touched since its input was built takes that input again, with the fields that follow the clock,
+        its progress and its status brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it
+        round by round)."""
+        kept, jobs = self._kept_in, []
+        changes, changed_at, ref_iter, ticks = self.changes, self.changed_at, self.ref_iter, self.tick_period_s > 0
         for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
             job_id = js.job_id
-            inp = idle.get(job_id)
+            inp = kept.get(job_id)
             if inp is None:
                 inp = self.job_in(js, t)
                 if inp is None:
                     continue
-                if not inp.running and not inp.current and job_id in self.order:
-                    idle[job_id] = inp
+                if job_id in self.order:
+                    kept[job_id] = inp
             else:
+                inp.running = js.status == "running" or bool(inp.current)
+                inp.remaining_iters = self._remaining(js, t)
                 inp.elapsed_s = max(0.0, t - js.submitted_at)
                 inp.changed_s = t - changed_at.get(job_id, -math.inf) if ticks else math.inf
                 inp.recent_changes = self._recent_changes(job_id, t) if job_id in changes else 0
+                inp.ref_iter_s = ref_iter.get(job_id, math.inf)
             jobs.append(inp)
         return jobs
 
@@ -397,7 +412,7 @@ class PolicyCore:
         new.sort(key=lambda x: x[0])
         for _, o, prev in new:
             self.last[o.job_id] = o
-            self._idle.pop(o.job_id, None)
+            self._kept_in.pop(o.job_id, None)
             self.changed_at[o.job_id] = event.time
             if prev is not None and prev.shares:  # a change of what it runs on, not its first start
                 self.changes.setdefault(o.job_id, []).append(event.time)

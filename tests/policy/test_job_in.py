@@ -63,10 +63,11 @@ def test_every_field_of_a_running_job_comes_from_its_own_source():
 
 
 def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
-    """A job that holds nothing and runs nothing takes its last round's input again, with its times brought
-    forward (`PolicyCore._inputs`). Round by round, through what changes a waiting job (its priority, a
-    suspension and a resumption, a cancellation, a preemption, measured iterations, a node lost, a refit, a
-    new tick period), every input the engine is handed equals, field by field, what `job_in` builds then."""
+    """A job nothing happened to takes its last round's input again, with the fields that follow the clock, its
+    progress and its status brought forward (`PolicyCore._inputs`). Round by round, through what changes a job
+    (its priority, a suspension and a resumption, a cancellation, a preemption, measured iterations, one run as
+    asked, a node lost, a refit, a new tick period, holds forgotten), every input the engine is handed equals,
+    field by field, what `job_in` builds then."""
     from controlplane.events import JobCompleted, JobPreempted, ModelUpdated, NodeLost
     from controlplane.events.payloads import JobControl, JobPriority
     from modeler.service import make_core
@@ -140,7 +141,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     core.handle(c.ev("job.preempted", JobPreempted(job_id=victim, reason="node drained", iterations_done=100)))
     tick(6)
     start_decided()
-    keeps = running()[0]  # measured: its remaining iterations follow the clock while it runs
+    keeps = running()[-1]  # measured: its remaining iterations follow the clock while it runs
     share = core.state.jobs[keeps].allocation[0]
     core.handle(c.ev("metrics.iteration", MetricsIteration(
         job_id=keeps, model_type=core.state.jobs[keeps].model_type, iteration=9, iter_time_s=0.5,
@@ -152,6 +153,12 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     tick(7)
     core.handle(c.ev("node.lost", NodeLost(node="n1", reason="test")))
     tick(8)
+    sure = next(j for j in running() if core.state.jobs[j].guaranteed and j != running()[0])
+    st = core.state.jobs[sure]  # a guarantee measured as asked: the speed its deadline is counted at
+    core.handle(c.ev("metrics.iteration", MetricsIteration(
+        job_id=sure, model_type=st.model_type, iteration=4, iter_time_s=0.4, plan=st.requested_plan,
+        gpus_per_node=(st.requested.gpus,), cpus_per_gpu=4)))
+    assert core.ref_iter[sure] == 0.4
     for j in running()[:1]:
         core.handle(c.ev("job.completed", JobCompleted(job_id=j, iterations=10**6)))
     start_decided()
