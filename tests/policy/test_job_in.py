@@ -66,8 +66,8 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     """A job nothing happened to takes its last round's input again, with the fields that follow the clock, its
     progress and its status brought forward (`PolicyCore._inputs`). Round by round, through what changes a job
     (its priority, a suspension and a resumption, a cancellation, a preemption, measured iterations, one run as
-    asked, a node lost, a refit, a new tick period, holds forgotten), every input the engine is handed equals,
-    field by field, what `job_in` builds then."""
+    asked, a node lost, a refit, a new tick period, holds forgotten, a node lost under a job a guarantee just took
+    its GPUs from), every input the engine is handed equals, field by field, what `job_in` builds then."""
     from controlplane.events import JobCompleted, JobPreempted, ModelUpdated, NodeLost
     from controlplane.events.payloads import JobControl, JobPriority
     from modeler.service import make_core
@@ -165,6 +165,16 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     for n in range(9, 15):  # and the clock runs on: recent changes are forgotten
         tick(n)
         start_decided()
+    # a guarantee takes a node's GPUs from jobs still running there (no agent has stopped them yet), then the node
+    # is lost: those jobs are no longer running, though no event names them
+    core.handle(c.ev("job.submitted", job("gx", "bert", 32, Plan(dp=4), 4, guaranteed=True, iters=10**6)))
+    stopping = [j.job_id for j in core.state.jobs.values() if j.status == "running" and not j.decided_allocation]
+    assert stopping, "the guarantee must preempt a running job for this test to mean anything"
+    lost = core.state.jobs[stopping[0]].allocation[0].node
+    core.handle(c.ev("job.priority", JobPriority(job_id=waiting()[0], priority=1)))  # a round in between
+    core.handle(c.ev("node.lost", NodeLost(node=lost, reason="test")))
+    core.handle(c.ev("node.registered", node("n2")))  # a round with a node to run on
+    assert core.state.jobs[stopping[0]].status == "preempted"
     assert seen["rounds"] >= 10 and seen["again"] >= 30  # waiting jobs' inputs were taken again, and checked
     assert seen["changed_before"] > 0  # a waiting job that a decision changed before: its recent changes count
     assert core.state.jobs[a].priority == 7 and core.state.jobs[b].status != "suspended"
