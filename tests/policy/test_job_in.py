@@ -97,9 +97,9 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     core.handle(c.ev("clock.tick", ClockTick(seq=0, period_s=60.0)))
     for i in range(2):
         core.handle(c.ev("node.registered", node(f"n{i}")))
-    kinds = [("gpt2", 8, Plan(dp=8)), ("bert", 32, Plan(dp=4)), ("vit", 4, Plan(dp=4))]
+    kinds = [("gpt2", Plan(dp=8)), ("bert", Plan(dp=4)), ("vit", Plan(dp=4))]
     for i in range(14):  # more than two nodes hold: most wait
-        model, gbs, plan = kinds[i % 3]
+        model, plan = kinds[i % 3]
         core.handle(c.ev("job.submitted", job(f"j{i:02d}", model, 32, plan, plan.dp, guaranteed=i % 4 == 0,
                                               iters=10**6)))
 
