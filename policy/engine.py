@@ -1020,7 +1020,7 @@ class RubickEngine:
                 self.held_back = True  # it could have grown
                 self.why[job.id] = "held"
             return True  # changed a moment ago: no growth before it has run a while
-        if not job.g_on and job.g >= job.min_g and not self._beats(job, self.lowest) and not self._any_free():
+        if not job.g_on and not self._may_gather(job, self.lowest):
             self.why[job.id] = "no-gpus"
             return False
         queued = self._failed is not None and jr is None and only is None  # an attempt of the round's queue

@@ -325,20 +325,26 @@ class PolicyCore:
                                                                           job.requested_plan, support))
         requested = job.requested
         # positional, in JobIn's field order (tests/policy/test_job_in.py checks each field): once per job a round,
-        # and a call with keywords costs three times as much
-        return JobIn(job_id, job.tenant, job.guaranteed, known[2],
-                     self.order.get(job_id, len(self.order)),  # order
-                     requested.gpus, requested.cpus, job.requested_plan, float(requested.mem_gb),
-                     current, memory,
-                     job.decided_plan if current else None,  # current_plan
-                     job.status == "running" or bool(current),  # running
-                     job.priority,
-                     self._remaining(job, t),  # remaining_iters
-                     float(job.target_iterations),  # target_iters
-                     max(0.0, t - job.submitted_at),  # elapsed_s
-                     t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf,  # changed_s
-                     self._recent_changes(job_id, t) if job_id in self.changes else 0,  # recent_changes
-                     self.ref_iter.get(job_id, math.inf))  # ref_iter_s
+        # and a call with keywords costs three times as much; the fields that move on their own are set by `_forward`
+        inp = JobIn(job_id, job.tenant, job.guaranteed, known[2],
+                    self.order.get(job_id, len(self.order)),  # order
+                    requested.gpus, requested.cpus, job.requested_plan, float(requested.mem_gb),
+                    current, memory,
+                    job.decided_plan if current else None,  # current_plan
+                    None, job.priority, None, float(job.target_iterations), None, None, None, None)
+        self._forward(inp, job, t)
+        return inp
+
+    def _forward(self, inp: JobIn, job: JobState, t: float) -> None:
+        """Set the fields of a job's input that change while nothing happens to it: its status, its progress (the
+        iterations left, the measured speed its deadline is counted at) and those that follow the clock."""
+        job_id = job.job_id
+        inp.running = job.status == "running" or bool(inp.current)
+        inp.remaining_iters = self._remaining(job, t)
+        inp.elapsed_s = max(0.0, t - job.submitted_at)
+        inp.changed_s = t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf
+        inp.recent_changes = self._recent_changes(job_id, t) if job_id in self.changes else 0
+        inp.ref_iter_s = self.ref_iter.get(job_id, math.inf)
 
     def _remaining(self, job: JobState, t: float) -> float:
         """Iterations left at `t`: those measured or reported, and those run since at the measured speed."""
@@ -355,7 +361,6 @@ class PolicyCore:
         its progress and its status brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it
         round by round)."""
         kept, jobs = self._kept_in, []
-        changes, changed_at, ref_iter, ticks = self.changes, self.changed_at, self.ref_iter, self.tick_period_s > 0
         for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
             job_id = js.job_id
             inp = kept.get(job_id)
@@ -366,12 +371,7 @@ class PolicyCore:
                 if job_id in self.order:
                     kept[job_id] = inp
             else:
-                inp.running = js.status == "running" or bool(inp.current)
-                inp.remaining_iters = self._remaining(js, t)
-                inp.elapsed_s = max(0.0, t - js.submitted_at)
-                inp.changed_s = t - changed_at.get(job_id, -math.inf) if ticks else math.inf
-                inp.recent_changes = self._recent_changes(job_id, t) if job_id in changes else 0
-                inp.ref_iter_s = ref_iter.get(job_id, math.inf)
+                self._forward(inp, js, t)
             jobs.append(inp)
         return jobs
 
