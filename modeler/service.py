@@ -64,7 +64,8 @@ class _TypeState:
     version: int = 0
     points: dict[tuple, list[_Point]] = field(default_factory=dict)
     errors: list[float] = field(default_factory=list)
-    seen: list[str] = field(default_factory=list)
+    seen: dict[str, None] = field(default_factory=dict)
+    """the ids of the last `max_seen` measurements taken, oldest first (a dict: a lookup does not walk them)"""
     predicted: dict[tuple, float] = field(default_factory=dict)
     """configuration key -> predicted iteration time under `predicted_by`"""
     predicted_by: PerfParams | None = None
@@ -188,8 +189,10 @@ class ModelerCore:
             if part is not None and part > m.iter_time_s:
                 return self._reject(event, m, f"{name} is longer than the whole iteration", name,
                                     f"<= {m.iter_time_s!r}", repr(part))
-        st.seen.append(event.id)
-        del st.seen[:-self.max_seen]
+        seen = st.seen
+        seen[event.id] = None
+        if len(seen) > self.max_seen:
+            del seen[next(iter(seen))]
         self._keep(st, _Point(self._seq, event.id, cfg, m.iter_time_s, *(
             np.nan if v is None else float(v) for v in (m.fwd_s, m.bwd_s, m.opt_s))))
         self._seq += 1

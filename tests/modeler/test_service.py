@@ -189,6 +189,20 @@ def test_points_are_bounded_per_configuration(core):
     assert len(core.types["gpt2"].errors) <= core.window
 
 
+def test_a_measurement_id_is_taken_once_within_the_last_max_seen(core):
+    core.max_seen = 3
+    run(core, [metric(i, (8,), 0.6) for i in range(5)])
+    (kept,) = core.types["gpt2"].points.values()
+    assert [p.event_id for p in kept] == ["m-0", "m-1", "m-2", "m-3", "m-4"][-core.per_config:]
+    assert list(core.types["gpt2"].seen) == ["m-2", "m-3", "m-4"]  # the oldest ids forgotten, in order
+    errors = list(core.types["gpt2"].errors)
+    run(core, [metric(4, (8,), 0.6), metric(2, (8,), 0.6)])  # still remembered: nothing taken
+    assert core.types["gpt2"].errors == errors
+    run(core, [metric(0, (8,), 0.6)])  # forgotten (beyond the last three): taken again
+    assert len(core.types["gpt2"].errors) == min(len(errors) + 1, core.window)
+    assert list(core.types["gpt2"].seen) == ["m-3", "m-4", "m-0"]
+
+
 def test_replay_is_deterministic_and_idempotent(env):
     def fresh():
         return ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
