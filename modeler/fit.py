@@ -32,7 +32,7 @@ import numpy as np
 from .configs import ConfigBatch
 from .env import Environment
 from .memory import resolve_ga
-from .perf_model import ENGINE_PARAMS, OFFLOAD_PARAMS, PARAM_NAMES, PP_PARAMS, TP_PARAMS, PerfParams, parts
+from .perf_model import ENGINE_PARAMS, OFFLOAD_PARAMS, PARAM_NAMES, PP_PARAMS, TP_PARAMS, PerfParams, fixed_parts, parts
 from .spec import ModelType
 
 MIN_POINTS = 7
@@ -262,9 +262,11 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         vals.update({k: np.exp(z[:, i:i + 1]) for i, k in enumerate(names)})
         return PerfParams(**vals)
 
+    unmoved = fixed_parts(model, env, batch)  # what no parameter changes: once for every evaluation below
+
     def residuals_many(z: np.ndarray) -> np.ndarray:
         """Residuals for k parameter vectors at once: z (k, len(names)) -> (k, residuals)."""
-        pr = parts(model, env, params_of(z), batch)
+        pr = parts(model, env, params_of(z), batch, unmoved)
         tiny = 1e-12
         return np.concatenate([
             sw * (np.log(pr.t_iter) - meas),
@@ -298,6 +300,6 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         if best is None or res.cost < best.cost:
             best = res
     params = params_of(best.x)
-    err = (np.log(parts(model, env, params, batch).t_iter) - meas)[active]
+    err = (np.log(parts(model, env, params, batch, unmoved).t_iter) - meas)[active]
     return FitResult(params=params, fitted=tuple(names), n_points=int(active.sum()), n_offload_points=n_off,
                      rmsle=float(np.sqrt(np.mean(err ** 2))))

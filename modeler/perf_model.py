@@ -134,9 +134,34 @@ class Parts:
     t_ag: np.ndarray      # ZeRO's parameter all-gather after the optimizer step (in T_oo)
 
 
-def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> Parts:
-    """Every part for every configuration. The parameters may also be numpy arrays of shape (k, 1),
-    giving (k, n) arrays: k parameter sets at once (the fit's finite differences)."""
+@dataclass(frozen=True)
+class Fixed:
+    """What `parts` computes from a batch of configurations alone, before any parameter enters: a fit, which
+    evaluates the same batch under many parameter sets, computes it once (`fixed_parts`)."""
+
+    a: np.ndarray          # GA steps
+    a_less: np.ndarray     # a - 1
+    fwd: np.ndarray        # the forward before k_3d
+    engine: np.ndarray     # t * p > 1: the tensor/pipeline engine
+    gc_fwd: np.ndarray     # GC recomputes the forward in the backward (not under ZeRO-Offload)
+    steps: np.ndarray      # m + p - 1
+    t_comm_dp: np.ndarray
+    tp: np.ndarray         # T_tp before k_tp
+    pp: np.ndarray         # T_pp's transfers
+    t_sync: np.ndarray
+    t_ag: np.ndarray
+    t_ag_fwd: np.ndarray
+    off: np.ndarray
+    shards: np.ndarray
+    off_cpus: np.ndarray   # d t p c
+    t_off: np.ndarray
+    t_off_down: np.ndarray
+    t_off_up: np.ndarray
+    t_host: float
+
+
+def fixed_parts(model: ModelType, env: Environment, batch: ConfigBatch) -> Fixed:
+    """The parts of `parts` that no parameter changes, for `batch`."""
     spec = model.spec
     d = batch.dp.astype(np.float64)
     t = batch.tp.astype(np.float64)
@@ -150,12 +175,7 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     off = batch.offload
 
     # forward: per-GPU batch and tensor shard, PP fill over m micro-batches and p stages
-    engine = np.where(t * p > 1, params.k_3d, 1.0)
-    t_fwd = engine * (model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p))
-    t_fwd_step = t_fwd / a
-    # GC recomputes the forward in the backward; not under ZeRO-Offload, where the measured "+GC" runs show
-    # no recompute (docs/modeler.md, extension 11)
-    t_bwd_step = params.k_bwd * t_fwd_step + np.where(batch.gc & ~batch.offload, t_fwd_step, 0.0)
+    fwd = model.fwd_time_s * (b / spec.global_batch_size) / (d * t) * (m + p - 1.0) / (m * p)
 
     # communication volumes (bytes) over the bottleneck bandwidth of the placement
     v_dp = GRAD_BYTES * P * 2.0 * (d - 1.0) / (d * t * p)
@@ -165,10 +185,6 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     # over the same NICs
     b_inter = env.b_inter_rails(batch.min_node_gpus) / t
     t_comm_dp = v_dp / np.where(batch.dp_inter, b_inter, env.b_intra)
-    t_comm_tp = params.k_tp * (v_tp / np.where(batch.tp_inter, b_inter, env.b_intra))
-    # a fixed time per step of the engine's schedule, m + p - 1 steps (one per micro-batch at p = 1)
-    t_comm_pp = (v_pp / np.where(batch.pp_inter, b_inter, env.b_intra)
-                 + np.where(t * p > 1, params.k_pp * (m + p - 1.0), 0.0))
 
     # DP synchronisation: all-reduce in the backward (plain DP); ZeRO's reduce-scatter in the
     # backward and parameter all-gather after the step; under offload all of it inside T_oo
@@ -177,31 +193,53 @@ def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigB
     # whole slice over every link of the chain: d / (d - 1) times a ring reduce-scatter's traffic
     reduce = half * d / np.maximum(d - 1.0, 1.0)
     stage3 = batch.zero_stage == 3
-    t_sync = np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, reduce), t_comm_dp))
-    t_ag = np.where(zero & ~off & ~stage3, half, 0.0)
-    t_ag_fwd = np.where(stage3, half, 0.0)
-
-    t_cc = (a * t_fwd_step + (a - 1.0) * t_bwd_step + f_overlap(t_bwd_step, t_sync, params.k_sync)
-            + t_comm_tp + t_comm_pp + t_ag_fwd)
 
     # optimizer and offload
-    shards = np.where(zero, d * t * p, t * p)
     cpus = np.where(np.isnan(batch.cpus), float(env.default_cpus_per_gpu), batch.cpus)
-    t_opt = np.where(off, params.k_opt_off * NS * P / (d * t * p * cpus), params.k_opt * NS * P / shards)
     b_pcie = env.b_pcie if model.b_pcie_gbps is None else model.b_pcie_gbps * 1e9
     t_off = np.where(off, OFFLOAD_BYTES * P / (d * t * p * b_pcie), 0.0)
     # each direction of the PCIe traffic overlaps its own neighbour: gradients down beside the
     # gradient synchronisation, updated parameters up beside the CPU step (tiled in DeepSpeed's CPU Adam)
     t_off_down = t_off * (OFFLOAD_BYTES_DOWN / OFFLOAD_BYTES)
-    t_off_up = t_off - t_off_down
-    t_host = env.offload_ns_per_param * NS * P
-    t_oo = np.where(off, f_overlap(t_comm_dp, t_off_down, params.k_off) + f_overlap(t_opt, t_off_up, params.k_swap)
-                    + t_host, t_opt + t_ag)
+    return Fixed(
+        a=a, a_less=a - 1.0, fwd=fwd, engine=t * p > 1, gc_fwd=batch.gc & ~batch.offload, steps=m + p - 1.0,
+        t_comm_dp=t_comm_dp, tp=v_tp / np.where(batch.tp_inter, b_inter, env.b_intra),
+        pp=v_pp / np.where(batch.pp_inter, b_inter, env.b_intra),
+        t_sync=np.where(off, 0.0, np.where(zero, np.where(stage3, t_comm_dp, reduce), t_comm_dp)),
+        t_ag=np.where(zero & ~off & ~stage3, half, 0.0), t_ag_fwd=np.where(stage3, half, 0.0),
+        off=off, shards=np.where(zero, d * t * p, t * p), off_cpus=d * t * p * cpus,
+        t_off=t_off, t_off_down=t_off_down, t_off_up=t_off - t_off_down,
+        t_host=env.offload_ns_per_param * NS * P)
+
+
+def parts(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch,
+          fixed: Fixed | None = None) -> Parts:
+    """Every part for every configuration. The parameters may also be numpy arrays of shape (k, 1),
+    giving (k, n) arrays: k parameter sets at once (the fit's finite differences). `fixed`: `fixed_parts` of
+    the same model, environment and batch, computed once for many calls."""
+    f = fixed_parts(model, env, batch) if fixed is None else fixed
+    a, off = f.a, f.off
+
+    # the tensor/pipeline engine's compute is scaled by k_3d
+    t_fwd = np.where(f.engine, params.k_3d, 1.0) * f.fwd
+    t_fwd_step = t_fwd / a
+    t_bwd_step = params.k_bwd * t_fwd_step + np.where(f.gc_fwd, t_fwd_step, 0.0)
+
+    t_comm_tp = params.k_tp * f.tp
+    # a fixed time per step of the engine's schedule, m + p - 1 steps (one per micro-batch at p = 1)
+    t_comm_pp = f.pp + np.where(f.engine, params.k_pp * f.steps, 0.0)
+    t_sync = f.t_sync
+    t_cc = (a * t_fwd_step + f.a_less * t_bwd_step + f_overlap(t_bwd_step, t_sync, params.k_sync)
+            + t_comm_tp + t_comm_pp + f.t_ag_fwd)
+
+    t_opt = np.where(off, params.k_opt_off * NS * float(model.spec.num_params) / f.off_cpus, params.k_opt * NS * float(model.spec.num_params) / f.shards)
+    t_oo = np.where(off, f_overlap(f.t_comm_dp, f.t_off_down, params.k_off) + f_overlap(t_opt, f.t_off_up, params.k_swap)
+                    + f.t_host, t_opt + f.t_ag)
 
     total = t_cc + t_oo + params.k_const
-    return Parts(t_fwd=t_fwd, t_bwd=t_bwd_step * a, t_comm_dp=t_comm_dp, t_comm_tp=t_comm_tp,
-                 t_comm_pp=t_comm_pp, t_cc=t_cc, t_opt=t_opt, t_off=t_off, t_oo=t_oo, t_iter=total,
-                 t_sync=t_sync, t_ag=t_ag)
+    return Parts(t_fwd=t_fwd, t_bwd=t_bwd_step * a, t_comm_dp=f.t_comm_dp, t_comm_tp=t_comm_tp,
+                 t_comm_pp=t_comm_pp, t_cc=t_cc, t_opt=t_opt, t_off=f.t_off, t_oo=t_oo, t_iter=total,
+                 t_sync=t_sync, t_ag=f.t_ag)
 
 
 def t_iter(model: ModelType, env: Environment, params: PerfParams, batch: ConfigBatch) -> np.ndarray:

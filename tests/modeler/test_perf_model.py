@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 from hypothesis import given, settings
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from controlplane.events import Plan
 from modeler.configs import Config, ConfigBatch
-from modeler.perf_model import PerfParams, f_overlap, parts, t_iter
+from modeler.perf_model import PerfParams, f_overlap, fixed_parts, parts, t_iter
 
 
 def batch(*configs):
@@ -206,3 +206,26 @@ def test_environment_files_without_the_offload_host_time_load(tmp_path):
     (tmp_path / "env.yaml").write_text(text + "\n")
     assert load_env(tmp_path / "env.yaml").offload_ns_per_param == 0.0
     assert load_env(ENV_FILE).offload_ns_per_param > 0
+
+
+def test_what_no_parameter_changes_is_computed_once_for_many_parameter_sets(models, env):
+    """A fit evaluates one batch under many parameter sets with `fixed_parts` computed once: each set, and k sets at
+    once as (k, 1) arrays, gives the same parts, bit for bit, as computing everything again for that set."""
+    m = models["gpt2"]
+    b = batch(cfg(gpn=(8,), dp=8), cfg(gpn=(4, 4), dp=2, tp=2, pp=2, micro_batches=4, ga_steps=2),
+              cfg(gpn=(2, 2), dp=4, zero_stage=3, gc=True), cfg(gpn=(4,), dp=4, zero_stage=2, gc=True),
+              Config(plan=Plan(dp=4, zero_stage=2, offload=True), gpus_per_node=(4,), cpus_per_gpu=6,
+                     global_batch_size=16))
+    unmoved = fixed_parts(m, env, b)
+    sets = [PerfParams(), replace(PerfParams(), k_bwd=2.5, k_3d=1.3, k_tp=0.7, k_pp=0.002, k_sync=3.0, k_off=2.0,
+                                  k_swap=4.0, k_opt_off=5.0, k_const=0.05)]
+    names = [f.name for f in fields(PerfParams)]
+    many = PerfParams(**{k: np.array([[getattr(p, k)] for p in sets]) for k in names})
+    together = parts(m, env, many, b, unmoved)
+    for i, p in enumerate(sets):
+        alone, reused = parts(m, env, p, b), parts(m, env, p, b, unmoved)
+        for f in fields(alone):
+            assert np.array_equal(getattr(alone, f.name), getattr(reused, f.name)), f.name
+            assert np.array_equal(np.broadcast_to(getattr(together, f.name), (len(sets), len(b)))[i],
+                                  getattr(alone, f.name)), f.name
+    assert not np.array_equal(parts(m, env, sets[0], b).t_iter, parts(m, env, sets[1], b).t_iter)
