@@ -143,15 +143,22 @@ class ConfigBatch:
     @staticmethod
     def from_configs(configs: Sequence[Config], *, allow_tp_across_nodes: bool = True) -> "ConfigBatch":
         """Check each configuration (errors name its position) and stack them."""
-        rows = []
-        for i, cfg in enumerate(configs):
-            lay = check_config(cfg, allow_tp_across_nodes=allow_tp_across_nodes, row=i)
-            p = cfg.plan
-            rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if cfg.ga_auto else p.ga_steps,
-                         p.micro_batches, cfg.global_batch_size,
-                         math.nan if cfg.cpus_per_gpu is None else cfg.cpus_per_gpu,
-                         sum(cfg.gpus_per_node), lay.nodes, lay.min_node_gpus, lay.dp_inter, lay.tp_inter, lay.pp_inter))
+        return ConfigBatch.from_rows([config_row(cfg, allow_tp_across_nodes=allow_tp_across_nodes, row=i)
+                                      for i, cfg in enumerate(configs)])
+
+    @staticmethod
+    def from_rows(rows: Sequence[tuple]) -> "ConfigBatch":
+        """Stack rows made by `config_row` (checked already)."""
         return _stack(rows)
+
+
+def config_row(cfg: Config, *, allow_tp_across_nodes: bool = True, row: int | None = None) -> tuple:
+    """Check one configuration (`check_config`) and give its entries of a `ConfigBatch`, in field order."""
+    lay = check_config(cfg, allow_tp_across_nodes=allow_tp_across_nodes, row=row)
+    p = cfg.plan
+    return (p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if cfg.ga_auto else p.ga_steps,
+            p.micro_batches, cfg.global_batch_size, math.nan if cfg.cpus_per_gpu is None else cfg.cpus_per_gpu,
+            sum(cfg.gpus_per_node), lay.nodes, lay.min_node_gpus, lay.dp_inter, lay.tp_inter, lay.pp_inter)
 
 
 _DTYPES = (np.int64, np.int64, np.int64, np.int64, np.bool_, np.bool_, np.int64, np.int64, np.float64,

@@ -258,8 +258,8 @@ def fit(model: ModelType, env: Environment, pts: Measurements, *, need_offload: 
         """Parameters for z of shape (len(names),), or arrays of shape (k, 1) for z of shape (k, len(names))."""
         if z.ndim == 1:
             return replace(base, **{k: float(np.exp(v)) for k, v in zip(names, z)})
-        vals = {k: np.full((z.shape[0], 1), v) for k, v in fixed.items()}
-        vals.update({k: np.exp(z[:, i:i + 1]) for i, k in enumerate(names)})
+        vals = {k: np.exp(z[:, i:i + 1]) for i, k in enumerate(names)}
+        vals.update({k: np.full((z.shape[0], 1), v) for k, v in fixed.items() if k not in vals})
         return PerfParams(**vals)
 
     unmoved = fixed_parts(model, env, batch)  # what no parameter changes: once for every evaluation below

@@ -33,7 +33,7 @@ import numpy as np
 
 from controlplane.events import Event, JobSubmitted, MetricsIteration, ModelUpdated, Rejected, make
 
-from .configs import Config, ConfigBatch, ConfigError, check_config
+from .configs import Config, ConfigBatch, ConfigError, config_row
 from .env import Environment
 from .fit import FitError, Measurements, fit
 from .memory import resolve_ga
@@ -55,6 +55,8 @@ class _Point:
     fwd_s: float
     bwd_s: float
     opt_s: float
+    row: tuple = ()
+    """the configuration's entries of a `ConfigBatch` (`config_row`), made once when the point is taken"""
 
 
 @dataclass
@@ -181,7 +183,7 @@ class ModelerCore:
         cfg = Config(plan=m.plan, gpus_per_node=tuple(m.gpus_per_node), cpus_per_gpu=m.cpus_per_gpu,
                      global_batch_size=gbs)
         try:
-            check_config(cfg, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+            row = config_row(cfg, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
         except ConfigError as exc:
             return self._reject(event, m, f"impossible configuration: {exc.detail}", "plan")
         for name in ("fwd_s", "bwd_s", "opt_s"):
@@ -194,7 +196,7 @@ class ModelerCore:
         if len(seen) > self.max_seen:
             del seen[next(iter(seen))]
         self._keep(st, _Point(self._seq, event.id, cfg, m.iter_time_s, *(
-            np.nan if v is None else float(v) for v in (m.fwd_s, m.bwd_s, m.opt_s))))
+            np.nan if v is None else float(v) for v in (m.fwd_s, m.bwd_s, m.opt_s)), row))
         self._seq += 1
 
         if st.params is None:
@@ -298,7 +300,7 @@ def _with_anchors(model: ModelType, env: Environment, anchors: Measurements | No
 
 
 def _measurements(model: ModelType, pts: list[_Point]) -> Measurements:
-    batch = ConfigBatch.from_configs([p.config for p in pts], allow_tp_across_nodes=model.allow_tp_across_nodes)
+    batch = ConfigBatch.from_rows([p.row for p in pts])  # each checked when it was taken
     col = lambda name: np.asarray([getattr(p, name) for p in pts], dtype=np.float64)  # noqa: E731
     return Measurements(batch=batch, iter_time_s=col("iter_time_s"), fwd_s=col("fwd_s"), bwd_sync_s=col("bwd_s"),
                         opt_s=col("opt_s"))
