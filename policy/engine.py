@@ -1377,12 +1377,11 @@ class RubickEngine:
         plan = best.plan
         cur = job.inp.current_plan
         if cur is not None and not job.forced and job.inp.running and plan != cur and self._same_alloc(job):
-            try:  # the current plan on the whole allocation (the best plan may leave GPUs unused)
-                old = self.book.oracle.evaluate(job.inp.kind.model, job.inp.kind.global_batch,
-                                                canonical(tuple(job.g_on.values())), cpg, [cur])
-                t_old = float(old[0][0]) if len(old[0]) else math.inf
-            except ConfigError:
-                t_old = math.inf
+            # the current plan on the whole allocation (the best plan may leave GPUs unused): asked of the oracle once
+            # per model version, placement and CPUs (a job kept on its plan asks the same every round)
+            place = canonical(gpus)
+            t_old = self.book.memo(job.inp.kind, ("current", place, cpg, cur),
+                                   lambda: self._iter_time(job.inp.kind, place, cpg, cur))
             gbs = job.inp.kind.global_batch
             held = job.id in self.held  # changed a moment ago: keeps its plan whatever it would gain
             if math.isfinite(t_old) and (held or
@@ -1391,6 +1390,15 @@ class RubickEngine:
                 kept = Best(gbs / t_old, cur, canonical(tuple(job.g_on.values())))
                 return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)
+
+    def _iter_time(self, kind: JobKind, placement: tuple[int, ...], cpg: int, plan: Plan) -> float:
+        """The oracle's seconds per iteration of `plan` on `placement` (inf: it cannot tell, or the plan does not run
+        there)."""
+        try:
+            times = self.book.oracle.evaluate(kind.model, kind.global_batch, placement, cpg, [plan])[0]
+        except ConfigError:
+            return math.inf
+        return float(times[0]) if len(times) else math.inf
 
     @staticmethod
     def _same_alloc(job: _Job) -> bool:

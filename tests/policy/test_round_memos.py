@@ -11,6 +11,7 @@ import pytest
 
 from controlplane.events import (ClockTick, JobCompleted, JobPreempted, JobReconfigured, JobStarted, MetricsIteration,
                                  ModelUpdated, Plan, encode, make)
+from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
 from policy.oracle import from_modeler
@@ -288,3 +289,26 @@ def test_a_round_between_two_submissions_counts_the_free_gpus_again(monkeypatch)
     feed("job.submitted", job("b", "vit", models["vit"].spec.global_batch_size, Plan(dp=1), 1))
     held = sum(s.gpus for s in core.state.jobs["a"].decided_allocation)
     assert counts == [8, 8 - held] and held > 0
+
+
+def test_a_kept_plans_speed_is_asked_again_once_its_model_is_refitted():
+    """A running job kept on its plan (a better one would not pay a restart) has that plan's speed asked of the
+    oracle once per model version, placement and CPUs, not every round. A refit that makes its plan slow makes the
+    next round ask again, and the change pays: the job moves to the better plan."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    kind = engine_mod.JobKind(models["gpt2"], 64)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    current = Plan(dp=4, tp=2)
+    inp = engine_mod.JobIn("j", "t0", False, kind, 0, 8, 32, current, current={"n0": (8, 32)},
+                           current_plan=current, running=True, remaining_iters=20.0)
+    (first,) = engine.schedule(nodes, [inp])
+    assert first.plan == current and first.shares == {"n0": (8, 32, first.shares["n0"][2])}
+    best = engine.book.best(kind, (8,), 4)
+    assert best.plan != current  # kept: the better plan would not pay a restart
+    (again,) = engine.schedule(nodes, [inp])
+    assert again.plan == current
+    params = {**oracle.params.get("gpt2", PerfParams()).as_dict(), "k_tp": 1e4}  # TP now costs a fortune
+    oracle.update(ModelUpdated(model_type="gpt2", version=99, params=params, n_points=1, rmsle=0.0))
+    (after,) = engine.schedule(nodes, [inp])
+    assert after.plan is not None and after.plan.tp == 1 and after.plan != current
