@@ -168,37 +168,65 @@ class PlanBook:
 
     def fill(self, kind: JobKind, wanted: Sequence[tuple[tuple[int, ...], int]]) -> None:
         """Find the best plans of many (placement, CPUs per GPU) in one oracle call. A placement missed at one
-        CPU count is evaluated at all of them; one without plans is settled (no plan) without asking."""
+        CPU count is evaluated at all of them; one without plans is settled (no plan) without asking. Where the
+        oracle says the CPUs change only ZeRO-Offload's times (`cpus_offload_only`), the plans without offload are
+        evaluated once per placement, not once per CPU count."""
         vkey, known = self._key(kind), self._best
         every = range(1, self.max_cpus_per_gpu + 1) if kind.offload else None
-        todo, items, spans = [], [], []
+        shared = every is not None and getattr(self.oracle, "cpus_offload_only", False)
+        todo, items = [], []
         queued = set()
         plans_of: dict = {}
+        """placement -> (its plans, [(index, plan) of those without offload], [(index, plan) of those with it], where
+        the ones without offload start in `items` or -1 (not asked yet))"""
         for place, cpg in wanted:
             place, cpg = canonical(place), self._cpg(kind, cpg)
             for c in every if every is not None and (vkey, place, cpg) not in known else (cpg,):
                 if (vkey, place, c) in known or (place, c) in queued:
                     continue
-                plans = plans_of.get(place)
-                if plans is None:
-                    plans = plans_of[place] = kind.plans(place) if place else ()
+                held = plans_of.get(place)
+                if held is None:
+                    plans = kind.plans(place) if place else ()
+                    blind = [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else []
+                    held = plans_of[place] = [plans, blind, [(i, p) for i, p in enumerate(plans) if p.offload]
+                                              if shared else [], -1]
+                plans = held[0]
                 if not plans:
                     known[(vkey, place, c)] = NONE
                     continue
-                spans.append((len(items), len(items) + len(plans)))
-                items.extend([(place, c, p) for p in plans])
-                todo.append((place, c))
+                if not shared:
+                    todo.append((place, c, len(items)))
+                    items.extend([(place, c, p) for p in plans])
+                else:
+                    if held[3] < 0 and held[1]:
+                        held[3] = len(items)  # what they take does not depend on the CPUs: asked once
+                        items.extend([(place, c, p) for _, p in held[1]])
+                    todo.append((place, c, len(items)))
+                    items.extend([(place, c, p) for _, p in held[2]])
                 queued.add((place, c))
         if not todo:
             return
         times, resolved = self.oracle.evaluate_many(kind.model, kind.global_batch, items)
         self.evaluations += len(items)
         usable = np.where(np.isfinite(times) & (times > 0), times, np.inf).tolist()
-        for (place, cpg), (lo, hi) in zip(todo, spans):
-            seg = usable[lo:hi]
-            fastest = min(seg)  # the first of the fastest, as argmin would pick
-            known[(vkey, place, cpg)] = NONE if fastest == np.inf else Best(
-                kind.global_batch / fastest, resolved[lo + seg.index(fastest)], place)
+        gbs = kind.global_batch
+        if not shared:
+            for place, cpg, lo in todo:
+                seg = usable[lo:lo + len(plans_of[place][0])]
+                fastest = min(seg)  # the first of the fastest, as argmin would pick
+                known[(vkey, place, cpg)] = NONE if fastest == np.inf else Best(
+                    gbs / fastest, resolved[lo + seg.index(fastest)], place)
+            return
+        blind_best: dict = {}
+        for place, cpg, lo in todo:
+            plans, blind, off, at = plans_of[place]
+            top = blind_best.get(place)
+            if top is None:  # (time, position among the plans, index in `items`) of the first of the fastest
+                top = blind_best[place] = _first_fastest(usable, at, blind)
+            own = _first_fastest(usable, lo, off)
+            if own[0] < top[0] or (own[0] == top[0] and own[1] < top[1]):
+                top = own
+            known[(vkey, place, cpg)] = NONE if top[0] == np.inf else Best(gbs / top[0], resolved[top[2]], place)
 
     def best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         """The best plan on `placement` or on a placement left by trimming its smallest nodes."""
@@ -251,6 +279,18 @@ class PlanBook:
             curve.setflags(write=False)
             self._cpu_curves[key] = curve
         return curve
+
+
+def _first_fastest(usable: list[float], start: int, plans: list[tuple[int, Plan]]) -> tuple[float, int, int]:
+    """(time, position among a placement's plans, index in the oracle's answer) of the fastest of `plans` (their
+    positions, in order, and their times from `start` on), the first of them where several tie; (inf, -1, -1) for
+    none."""
+    if not plans:
+        return (np.inf, -1, -1)
+    seg = usable[start:start + len(plans)]
+    fastest = min(seg)
+    k = seg.index(fastest)
+    return (fastest, plans[k][0], start + k)
 
 
 def slope_up(curve: np.ndarray, at: int, upto: int) -> float:

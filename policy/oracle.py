@@ -114,6 +114,11 @@ class ModelOracle(_MemoryMixin):
     `model.updated`'s `error_bounds`): how much a prediction may be too fast. The policy's guarantee
     margins for the type where there are some."""
 
+    cpus_offload_only = True
+    """The model's CPU count enters only ZeRO-Offload's times (`modeler.perf_model`): a plan without offload takes
+    the same at every count (`PlanBook.fill` asks once for it). A table's rows may say otherwise: `TableOracle`
+    has no such promise."""
+
     def version(self, model_type: str) -> int:
         return self.versions.get(model_type, 0)
 
