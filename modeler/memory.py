@@ -89,7 +89,10 @@ def activation_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
 
 
 def gpu_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
-    states, _ = model_states_bytes(model, batch)
+    return _gpu_bytes(model, batch, model_states_bytes(model, batch)[0])
+
+
+def _gpu_bytes(model: ModelType, batch: ConfigBatch, states: np.ndarray) -> np.ndarray:
     buckets = np.where(batch.zero_stage > 0, ZERO_BUCKET_BYTES, 0.0)
     return states + activation_bytes(model, batch) + buckets + OVERHEAD_BYTES
 
@@ -103,8 +106,9 @@ def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> Config
     per_rank = np.maximum(1, batch.global_batch // (batch.dp * batch.micro_batches)).astype(np.int64)
     ga = np.where(auto, 0, batch.ga_steps)
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
+    left = auto
     for a in range(1, int(per_rank[auto].max()) + 1):
-        todo = (ga == 0) & (per_rank % a == 0)
+        todo = left & (per_rank % a == 0)
         if not todo.any():
             continue
         trial = batch.take(todo)
@@ -112,6 +116,9 @@ def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> Config
         fits = gpu_bytes(model, trial) <= limit
         idx = np.flatnonzero(todo)
         ga[idx[fits | (a == per_rank[idx])]] = a
+        left = ga == 0
+        if not left.any():
+            break  # every one resolved: the larger counts would find none to try
     return ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
 
 
@@ -127,9 +134,10 @@ def feasible(model: ModelType, env: Environment, batch: ConfigBatch,
     `host_mem_gb` is the host memory given to the job (all nodes together); by default all of the
     nodes it uses.
     """
-    fits_gpu = gpu_bytes(model, batch) <= USABLE_FRACTION * env.gpu_mem_gb * GB
+    states, on_host = model_states_bytes(model, batch)  # once for both: `gpu_bytes` and `host_bytes` each read it
+    fits_gpu = _gpu_bytes(model, batch, states) <= USABLE_FRACTION * env.gpu_mem_gb * GB
     host = batch.nodes * env.host_mem_gb if host_mem_gb is None else np.asarray(host_mem_gb, dtype=np.float64)
-    fits_host = host_bytes(model, batch) <= host * GB
+    fits_host = on_host <= host * GB
     whole_batch = batch.global_batch >= batch.dp * np.maximum(batch.ga_steps, 1) * batch.micro_batches
     return fits_gpu & fits_host & whole_batch
 
