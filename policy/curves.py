@@ -239,10 +239,13 @@ class PlanBook:
 
     def _best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         top = NONE
-        options = trims(tuple(placement))
-        self.fill(kind, [(p, cpus_per_gpu) for p in options])
-        for place in options:
-            b = self.best(kind, place, cpus_per_gpu)
+        options = trims(tuple(placement))  # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already
+        vkey, known = self._key(kind), self._best
+        keys = [(vkey, place, cpus_per_gpu) for place in options]
+        if not all(k in known for k in keys):  # most trims are known: only a new one needs the fill
+            self.fill(kind, [(p, cpus_per_gpu) for p in options])
+        for k in keys:
+            b = known[k]
             if b.throughput > top.throughput * (1 + 1e-9):
                 top = b
         return top
