@@ -55,7 +55,7 @@ class _Point:
     fwd_s: float
     bwd_s: float
     opt_s: float
-    row: tuple = ()
+    row: tuple
     """the configuration's entries of a `ConfigBatch` (`config_row`), made once when the point is taken"""
 
 

@@ -177,8 +177,9 @@ class PlanBook:
         todo, items = [], []
         queued = set()
         plans_of: dict = {}
-        """placement -> (its plans, [(index, plan) of those without offload], [(index, plan) of those with it], where
-        the ones without offload start in `items` or -1 (not asked yet))"""
+        """placement -> [its plans, [(index, plan)] of those asked once (without offload, where shared), [(index,
+        plan)] of those asked at each CPU count (all of them, where not shared), where the ones asked once start in
+        `items` or -1 (not asked yet)]"""
         for place, cpg in wanted:
             place, cpg = canonical(place), self._cpg(kind, cpg)
             for c in every if every is not None and (vkey, place, cpg) not in known else (cpg,):
@@ -187,22 +188,17 @@ class PlanBook:
                 held = plans_of.get(place)
                 if held is None:
                     plans = kind.plans(place) if place else ()
-                    blind = [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else []
-                    held = plans_of[place] = [plans, blind, [(i, p) for i, p in enumerate(plans) if p.offload]
-                                              if shared else [], -1]
-                plans = held[0]
-                if not plans:
+                    held = plans_of[place] = [
+                        plans, [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else [],
+                        [(i, p) for i, p in enumerate(plans) if p.offload] if shared else list(enumerate(plans)), -1]
+                if not held[0]:
                     known[(vkey, place, c)] = NONE
                     continue
-                if not shared:
-                    todo.append((place, c, len(items)))
-                    items.extend([(place, c, p) for p in plans])
-                else:
-                    if held[3] < 0 and held[1]:
-                        held[3] = len(items)  # what they take does not depend on the CPUs: asked once
-                        items.extend([(place, c, p) for _, p in held[1]])
-                    todo.append((place, c, len(items)))
-                    items.extend([(place, c, p) for _, p in held[2]])
+                if held[3] < 0 and held[1]:
+                    held[3] = len(items)  # what they take does not depend on the CPUs: asked once
+                    items.extend([(place, c, p) for _, p in held[1]])
+                todo.append((place, c, len(items)))
+                items.extend([(place, c, p) for _, p in held[2]])
                 queued.add((place, c))
         if not todo:
             return
@@ -210,20 +206,13 @@ class PlanBook:
         self.evaluations += len(items)
         usable = np.where(np.isfinite(times) & (times > 0), times, np.inf).tolist()
         gbs = kind.global_batch
-        if not shared:
-            for place, cpg, lo in todo:
-                seg = usable[lo:lo + len(plans_of[place][0])]
-                fastest = min(seg)  # the first of the fastest, as argmin would pick
-                known[(vkey, place, cpg)] = NONE if fastest == np.inf else Best(
-                    gbs / fastest, resolved[lo + seg.index(fastest)], place)
-            return
-        blind_best: dict = {}
+        once_best: dict = {}
         for place, cpg, lo in todo:
-            plans, blind, off, at = plans_of[place]
-            top = blind_best.get(place)
+            _, once, each, at = plans_of[place]
+            top = once_best.get(place)
             if top is None:  # (time, position among the plans, index in `items`) of the first of the fastest
-                top = blind_best[place] = _first_fastest(usable, at, blind)
-            own = _first_fastest(usable, lo, off)
+                top = once_best[place] = _first_fastest(usable, at, once)
+            own = _first_fastest(usable, lo, each)
             if own[0] < top[0] or (own[0] == top[0] and own[1] < top[1]):
                 top = own
             known[(vkey, place, cpg)] = NONE if top[0] == np.inf else Best(gbs / top[0], resolved[top[2]], place)

@@ -1387,7 +1387,7 @@ class RubickEngine:
             if math.isfinite(t_old) and (held or
                                          job.inp.remaining_iters * (t_old - gbs / best.throughput) <= self.restart_cost_s):
                 self.held_back = self.held_back or held
-                kept = Best(gbs / t_old, cur, canonical(tuple(job.g_on.values())))
+                kept = Best(gbs / t_old, cur, place)
                 return self._outcome(job, cur, kept.throughput, kept)
         return self._outcome(job, plan, best.throughput, best)
 
