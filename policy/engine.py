@@ -33,7 +33,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -45,6 +45,8 @@ from .curves import Best, JobKind, PlanBook, down_table, knee, packed, slope_dow
 from .plans import canonical
 
 EPS = 1e-9
+_SKIP_FROM = 32
+"""a walk over a tail of more nodes than this passes those where the search would do nothing (`_visits`)"""
 MAX_HOLD_FACTOR = 16
 """The longest hold is this many times `RubickEngine.hold_s` (about 40 minutes at the default 156 s)."""
 
@@ -218,6 +220,13 @@ class _Journal:
 _MISSING = object()
 
 
+class _Order(list):
+    """A job's `_node_order`: the nodes to visit, and where the nodes of jobs it may shrink (`_shrinkable`, by
+    name) begin (`tail`), with their indices in `_by_name` (`tidx`; None where there are none)."""
+
+    __slots__ = ("tail", "tidx")
+
+
 def _covers(have: tuple[int, ...], need: tuple[int, ...]) -> bool:
     """Whether placement `have` (GPUs per node, largest first) holds `need` node by node."""
     return len(need) <= len(have) and all(n <= h for n, h in zip(need, have))
@@ -260,6 +269,11 @@ class RubickEngine:
         self.nodes = {n.name: n for n in nodes}
         self.order = [n.name for n in nodes]
         self._by_name = sorted(self.order)
+        self._nidx = {n: i for i, n in enumerate(self._by_name)}
+        self._names = np.array(self._by_name, dtype=object)
+        self._lo_p, self._lo_s = np.full(len(nodes), math.inf), np.full(len(nodes), math.inf)
+        """by `_by_name`: the priority and slope of the lowest key listed under each node in `_node_keys` (infinite
+        where none); `_reindex` keeps them"""
         self.free_g = {n.name: n.gpus for n in nodes}
         self.free_c = {n.name: n.cpus for n in nodes}
         self.free_m = {n.name: float(n.mem_gb) for n in nodes}
@@ -720,7 +734,7 @@ class RubickEngine:
         """Nodes with free GPUs, most free first (cached until free GPUs change)."""
         if self._free_list is None:
             free = self.free_g  # a stable sort, most free first: equal counts keep the nodes' order
-            self._free_list = sorted([n for n in self.order if free[n] > 0], key=free.__getitem__, reverse=True)
+            self._free_list = sorted([n for n, g in free.items() if g > 0], key=free.__getitem__, reverse=True)
         return self._free_list
 
     def _any_free(self) -> bool:
@@ -759,7 +773,8 @@ class RubickEngine:
             # those no other guarantee holds first (a guarantee's GPUs over its minimum come from one pool,
             # so counting them on every node it holds would scatter the job)
             return self._by_room(job, mine, seen)
-        order = mine + ([n for n in self._free_nodes() if n not in seen] if seen else self._free_nodes())
+        order = _Order(mine + ([n for n in self._free_nodes() if n not in seen] if seen else self._free_nodes()))
+        order.tail, order.tidx = len(order), None
         seen.update(order)
         if self._beats(job, self.lowest):
             # the jobs it may shrink are a prefix of the index (lowest priority, then slope, first): find its end by
@@ -768,19 +783,75 @@ class RubickEngine:
             end = bisect.bisect_left(self.by_down, True,
                                      key=lambda k: not (k[0] < prio or (k[0] == prio and k[1] + EPS < up)))
             if end:
-                order += self._shrinkable(end, seen)
+                names, order.tidx = self._shrinkable(end, seen)
+                order += names
         return order
 
-    def _shrinkable(self, end: int, seen: set[str]) -> list[str]:
-        """The nodes not in `seen` where a job of the index's prefix `by_down[:end]` holds GPUs, by name. A short
-        prefix: its jobs' nodes. A long one: the nodes whose lowest key listed in `_node_keys` is within it, read
-        in one pass over the nodes (at the start of an attempt every job of the index is listed under the nodes it
-        holds, as `tests/policy/test_round_memos.py` checks)."""
+    def _shrinkable(self, end: int, seen: set[str]) -> tuple[list[str], np.ndarray]:
+        """The nodes not in `seen` where a job of the index's prefix `by_down[:end]` holds GPUs, by name, and their
+        indices in `_by_name`. A short prefix: its jobs' nodes. A long one: the nodes whose lowest key listed in
+        `_node_keys` is within it, from the lowest keys' arrays (the few whose priority and slope tie the prefix's
+        last key's, or whose slope is not a number, compared whole), at the start of an attempt every job of the index
+        is listed under the nodes it holds, as `tests/policy/test_round_memos.py` checks."""
         if 4 * end < len(self.order):
             jobs = self.jobs
-            return sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - seen)
-        bound, node_keys = self.by_down[end - 1], self._node_keys
-        return [n for n in self._by_name if n not in seen and (keys := node_keys[n]) and keys[0] <= bound]
+            names = sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - seen)
+            return names, np.fromiter(map(self._nidx.__getitem__, names), np.intp, len(names))
+        return self._shrinkable_listed(end, seen)
+
+    def _shrinkable_listed(self, end: int, seen: set[str]) -> tuple[list[str], np.ndarray]:
+        """`_shrinkable` for a long prefix, from the lowest keys listed under the nodes."""
+        nidx = self._nidx
+        bound, node_keys, p, s = self.by_down[end - 1], self._node_keys, self._lo_p, self._lo_s
+        bp, bs = bound[0], bound[1]
+        within = (p < bp) | ((p == bp) & (s < bs))
+        for i in np.flatnonzero((p == bp) & ~(s < bs) & ~(s > bs)).tolist():  # a tie, or a slope not a number
+            within[i] = node_keys[self._by_name[i]][0] <= bound
+        if seen:
+            within[np.fromiter(map(nidx.__getitem__, seen), np.intp, len(seen))] = False
+        idx = np.flatnonzero(within)
+        return self._names[idx].tolist(), idx
+
+    def _visits(self, job: _Job, order: _Order, victims: dict[str, _Job]) -> Iterator[str]:
+        """The nodes of `order` an attempt's search reads, in order. Its head (the job's own nodes and those with free
+        GPUs) whole; of its tail (the nodes of jobs it may shrink), while the job is at its minimum or over and its
+        slope up is finite, only a node whose lowest key listed in `_node_keys` has a priority, or slope, below the
+        job's own, one where a job it shrank holds GPUs, and one its own key is listed under: on any other the
+        search would do nothing (`_none_below`; no GPU is free there, as none was when the order was made, and the
+        keys listed stay as they are until the attempt ends). What it reads is worked out when the search asks for
+        the next node: the job's GPUs and slope change as it takes them."""
+        tail, tidx = order.tail, order.tidx
+        for k in range(tail):
+            yield order[k]
+        n, j = len(tidx), 0
+        low_p = low_s = cand = seen_at = None
+        while j < n:
+            if job.g < job.min_g or not math.isfinite(limit := job.up()):
+                yield order[tail + j]
+                j += 1
+                continue
+            state = (limit, len(victims))
+            if state != seen_at:
+                if low_p is None:
+                    low_p, low_s = self._lo_p[tidx], self._lo_s[tidx]
+                prio = job.inp.priority
+                mask = (low_p < prio) | ((low_p == prio) & (low_s + EPS < limit))
+                extra = [*self._dnodes.get(job.id, ())]
+                for v in victims.values():
+                    extra.extend(v.g_on)
+                if extra:
+                    at = np.fromiter(map(self._nidx.__getitem__, extra), np.intp, len(extra))
+                    pos = np.searchsorted(tidx, at)
+                    inside = pos < n
+                    pos, at = pos[inside], at[inside]
+                    mask[pos[tidx[pos] == at]] = True
+                cand, seen_at = np.flatnonzero(mask), state
+            k = int(np.searchsorted(cand, j))
+            if k >= len(cand):
+                return
+            j = int(cand[k])
+            yield order[tail + j]
+            j += 1
 
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
         """`mine`, then the other nodes where the job could get GPUs, most first. The GPUs it could get on each
@@ -797,7 +868,9 @@ class RubickEngine:
             for vid in on_node[n]:
                 if vid != me and vid in dkey:
                     v = jobs[vid]
-                    take = min(v.g_on.get(n, 0), v.g - v.min_g)
+                    take, over = v.g_on.get(n, 0), v.g - v.min_g
+                    if over < take:
+                        take = over
                     out += take
                     soft += 0 if v.privileged else take
             if out > 0:
@@ -816,7 +889,10 @@ class RubickEngine:
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
                 keys = self._node_keys[node]
-                del keys[bisect.bisect_left(keys, old)]
+                at = bisect.bisect_left(keys, old)
+                del keys[at]
+                if not at:
+                    self._low_changed(node, keys)
         if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                 job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
             key = (job.inp.priority, job.down(), -job.inp.order, job.id)
@@ -824,7 +900,15 @@ class RubickEngine:
             self._dkey[job.id] = key
             nodes = self._dnodes[job.id] = tuple(job.g_on)
             for node in nodes:
-                bisect.insort(self._node_keys[node], key)
+                keys = self._node_keys[node]
+                at = bisect.bisect_left(keys, key)
+                keys.insert(at, key)
+                if not at:
+                    self._low_changed(node, keys)
+
+    def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]]) -> None:
+        i = self._nidx[node]
+        self._lo_p[i], self._lo_s[i] = (keys[0][0], keys[0][1]) if keys else (math.inf, math.inf)
 
     @property
     def lowest(self) -> tuple[float, float]:
@@ -1046,6 +1130,8 @@ class RubickEngine:
         scans, orders = (self._scans, self._orders) if queued else (None, None)
         g0 = job.g
         nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
+        if only is None and type(nodes) is _Order and nodes.tidx is not None and len(nodes.tidx) > _SKIP_FROM:
+            nodes = self._visits(job, nodes, victims)
         for node in nodes:
             if target - job.g <= 0:
                 break

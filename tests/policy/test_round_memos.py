@@ -5,6 +5,7 @@ new, not the last round's made again), publishes the same events byte for byte."
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -185,26 +186,66 @@ def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
 
 @pytest.mark.parametrize("seed", [1, 3])
 def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed):
-    """The nodes a growing job may shrink (`_shrinkable`) read from the index's per-node keys, for a long prefix,
-    are the nodes where the prefix's jobs hold GPUs, as reading the jobs themselves gives."""
+    """The nodes a growing job may shrink (`_shrinkable`), and for a long prefix those read from the lowest keys
+    listed under each node (`_shrinkable_listed`, run here for every prefix), are the nodes where the prefix's jobs
+    hold GPUs, as reading the jobs themselves gives, by name, with their indices among the nodes by name; the arrays
+    of the lowest keys are those the lists give."""
     real = engine_mod.RubickEngine._shrinkable
-    seen = {"calls": 0, "nodes": 0}
+    seen = {"calls": 0, "nodes": 0, "ties": 0}
 
     def checked(self, end, mine):
         jobs = self.jobs
         held = sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - mine)
-        bound = self.by_down[end - 1]  # the long prefix's way, whatever the prefix's length
-        listed = [n for n in self._by_name if n not in mine and self._node_keys[n] and self._node_keys[n][0] <= bound]
-        assert listed == held
-        got = real(self, end, mine)
-        assert got == held
+        for node, i in self._nidx.items():
+            keys = self._node_keys[node]
+            assert (self._lo_p[i], self._lo_s[i]) == ((keys[0][0], keys[0][1]) if keys else (math.inf, math.inf))
+        bound = self.by_down[end - 1]
+        seen["ties"] += sum(1 for keys in self._node_keys.values() if keys and keys[0][:2] == bound[:2])
+        for names, idx in (real(self, end, mine), self._shrinkable_listed(end, mine)):
+            assert names == held
+            assert [self._by_name[i] for i in idx] == held
         seen["calls"] += 1
-        seen["nodes"] += len(got)
-        return got
+        seen["nodes"] += len(held)
+        return real(self, end, mine)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
-    assert seen["calls"] > 50 and seen["nodes"] > 50
+    assert seen["calls"] > 50 and seen["nodes"] > 50 and seen["ties"] > 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, seed):
+    """An attempt's walk over the nodes of the jobs it may shrink passes the nodes where its search would do nothing
+    (`_visits`, here for every tail however short): the events are those of a core that visits every node, and
+    on each node passed the search would have found no job to shrink (`_none_below` says so, with the same
+    victims) and no free GPU."""
+    real_visits = engine_mod.RubickEngine._visits
+    seen = {"walks": 0, "passed": 0}
+
+    def visits(self, job, order, victims):
+        last = -1
+        for node in real_visits(self, job, order, victims):
+            at = order.index(node)
+            for k in range(last + 1, at):  # the nodes passed, in the state the search would have read them
+                passed = order[k]
+                assert self.free_g[passed] == 0
+                assert job.g >= job.min_g and self._none_below(passed, job, victims)
+                seen["passed"] += 1
+            last = at
+            yield node
+        for k in range(last + 1, len(order)):
+            if job.g < max(job.want_g, job.min_g):  # the search would have gone on to it
+                assert self.free_g[order[k]] == 0 and self._none_below(order[k], job, victims)
+                seen["passed"] += 1
+        seen["walks"] += 1
+
+    monkeypatch.setattr(engine_mod, "_SKIP_FROM", 0)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_visits", visits)
+    skipping, _ = drive(seed, nodes=16, jobs=160, steps=30)
+    monkeypatch.setattr(engine_mod, "_SKIP_FROM", 10**9)
+    every, _ = drive(seed, nodes=16, jobs=160, steps=30)
+    assert seen["walks"] > 50 and seen["passed"] > 100
+    assert skipping == every
 
 
 @pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0)])
