@@ -220,11 +220,32 @@ class _Journal:
 _MISSING = object()
 
 
-class _Order(list):
-    """A job's `_node_order`: the nodes to visit, and where the nodes of jobs it may shrink (`_shrinkable`, by
-    name) begin (`tail`), with their indices in `_by_name` (`tidx`; None where there are none)."""
+class _Order:
+    """A job's `_node_order` at or over its minimum, read as the search reaches it (`RubickEngine._visits`): its own
+    nodes (`mine`, most GPUs first), then those with free GPUs (`free`: the list of them, most free first, as the
+    attempt began), then the nodes where the first `end` jobs of the index hold GPUs (`_shrinkable`: the tail, by
+    name, with the nodes' indices in `_by_name`), worked out only when the search gets there; most attempts stop
+    among the free nodes."""
 
-    __slots__ = ("tail", "tidx")
+    __slots__ = ("mine", "free", "end", "tail", "tidx")
+
+    def __init__(self, mine: list[str], free: list[str], end: int) -> None:
+        self.mine, self.free, self.end = mine, free, end
+        self.tail: list[str] | None = None
+        self.tidx: np.ndarray | None = None
+
+    def head(self) -> Iterator[str]:
+        yield from self.mine
+        if self.mine:
+            mine = self.mine
+            for n in self.free:
+                if n not in mine:
+                    yield n
+        else:
+            yield from self.free
+
+    def seen(self) -> set[str]:
+        return set(self.mine).union(self.free)
 
 
 def _covers(have: tuple[int, ...], need: tuple[int, ...]) -> bool:
@@ -266,18 +287,13 @@ class RubickEngine:
 
     # ---------------------------------------------------------------------------------------
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
-        self.nodes = {n.name: n for n in nodes}
-        self.order = [n.name for n in nodes]
-        self._by_name = sorted(self.order)
-        self._nidx = {n: i for i, n in enumerate(self._by_name)}
-        self._names = np.array(self._by_name, dtype=object)
-        self._lo_p, self._lo_s = np.full(len(nodes), math.inf), np.full(len(nodes), math.inf)
+        layout = self._layout(nodes)
+        self.nodes, self.order, self._by_name, self._nidx, self._names = layout[1:6]
+        self._lo_p, self._lo_s = layout[6].copy(), layout[6].copy()
         """by `_by_name`: the priority and slope of the lowest key listed under each node in `_node_keys` (infinite
         where none); `_reindex` keeps them"""
-        self.free_g = {n.name: n.gpus for n in nodes}
-        self.free_c = {n.name: n.cpus for n in nodes}
-        self.free_m = {n.name: float(n.mem_gb) for n in nodes}
-        self.on_node: dict[str, set[str]] = {n.name: set() for n in nodes}
+        self.free_g, self.free_c, self.free_m = dict(layout[7]), dict(layout[8]), dict(layout[9])
+        self.on_node: dict[str, set[str]] = {n: set() for n in self.order}
         last_round = getattr(self, "jobs", {})
         """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
         self.jobs: dict[str, _Job] = {}
@@ -287,7 +303,7 @@ class RubickEngine:
         """(priority, slope, -order, id) of every job holding GPUs over its minimum, lowest priority, then
         lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
-        self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n.name: [] for n in nodes}
+        self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n: [] for n in self.order}
         """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
@@ -339,6 +355,22 @@ class RubickEngine:
         return [self._finish(j) for j in self.jobs.values()]
 
     # --- set-up ------------------------------------------------------------------------------
+    def _layout(self, nodes: list[NodeCap]) -> tuple:
+        """What a round reads of the nodes alone, kept while they are the same: (the nodes, name -> node, their names
+        in the given order, by name, name -> index by name, the names by name as an array, an array of infinities,
+        and each node's GPUs, CPUs and memory). Read only: a round copies what it changes."""
+        key = tuple(nodes)
+        held = getattr(self, "_layout_held", None)
+        if held is None or held[0] != key:  # the same node objects compare at once (a service keeps them)
+            order = [n.name for n in nodes]
+            by_name = sorted(order)
+            held = self._layout_held = (
+                key, {n.name: n for n in nodes}, order, by_name, {n: i for i, n in enumerate(by_name)},
+                np.array(by_name, dtype=object), np.full(len(nodes), math.inf),
+                {n.name: n.gpus for n in nodes}, {n.name: n.cpus for n in nodes},
+                {n.name: float(n.mem_gb) for n in nodes})
+        return held
+
     def _backoff(self, inp: JobIn) -> float:
         """How many times the hold a job is held: 2^(n-1) for n changes within `hold_backoff_s`."""
         if self.hold_backoff_s <= 0 or inp.recent_changes <= 1:
@@ -768,24 +800,18 @@ class RubickEngine:
                 order = memo[end] = self._node_order(job)
             return order
         mine = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
-        seen = set(mine)
         if job.g < job.min_g:  # a guarantee to meet: pack it on the nodes with the most GPUs free or reclaimable,
             # those no other guarantee holds first (a guarantee's GPUs over its minimum come from one pool,
             # so counting them on every node it holds would scatter the job)
-            return self._by_room(job, mine, seen)
-        order = _Order(mine + ([n for n in self._free_nodes() if n not in seen] if seen else self._free_nodes()))
-        order.tail, order.tidx = len(order), None
-        seen.update(order)
+            return self._by_room(job, mine, set(mine))
+        end = 0
         if self._beats(job, self.lowest):
             # the jobs it may shrink are a prefix of the index (lowest priority, then slope, first): find its end by
-            # bisection with the same test, then take the nodes they hold (its own are already in `seen`)
+            # bisection with the same test; the nodes they hold (less its own and the free ones) are the tail
             prio, up = job.inp.priority, job.up()
             end = bisect.bisect_left(self.by_down, True,
                                      key=lambda k: not (k[0] < prio or (k[0] == prio and k[1] + EPS < up)))
-            if end:
-                names, order.tidx = self._shrinkable(end, seen)
-                order += names
-        return order
+        return _Order(mine, self._free_nodes(), end)
 
     def _shrinkable(self, end: int, seen: set[str]) -> tuple[list[str], np.ndarray]:
         """The nodes not in `seen` where a job of the index's prefix `by_down[:end]` holds GPUs, by name, and their
@@ -814,24 +840,34 @@ class RubickEngine:
 
     def _visits(self, job: _Job, order: _Order, victims: dict[str, _Job]) -> Iterator[str]:
         """The nodes of `order` an attempt's search reads, in order. Its head (the job's own nodes and those with free
-        GPUs) whole; of its tail (the nodes of jobs it may shrink), while the job is at its minimum or over and its
-        slope up is finite, only a node whose lowest key listed in `_node_keys` has a priority, or slope, below the
-        job's own, one where a job it shrank holds GPUs, and one its own key is listed under: on any other the
-        search would do nothing (`_none_below`; no GPU is free there, as none was when the order was made, and the
-        keys listed stay as they are until the attempt ends). What it reads is worked out when the search asks for
-        the next node: the job's GPUs and slope change as it takes them."""
+        GPUs as the attempt began) whole. Its tail (the nodes of jobs it may shrink) is worked out when the search
+        reaches it, as it would have been when the attempt began: the search has changed only nodes of the head by
+        then (the jobs it shrank left none of the tail), and the keys listed under the nodes stay as they are until
+        the attempt ends. A short tail whole; of a long one, while the job is at its minimum or over and its slope
+        up is finite, only a node whose lowest key listed in `_node_keys` has a priority, or slope, below the job's
+        own, one where a job it shrank holds GPUs, and one its own key is listed under: on any other the search
+        would do nothing (`_none_below`; no GPU is free there, as none was when the attempt began). What it reads
+        is worked out when the search asks for the next node: the job's GPUs and slope change as it takes them."""
+        yield from order.head()
+        if not order.end:
+            return
+        if order.tail is None:
+            order.tail, order.tidx = self._shrinkable(order.end, order.seen())
         tail, tidx = order.tail, order.tidx
-        for k in range(tail):
-            yield order[k]
-        n, j = len(tidx), 0
+        if len(tail) <= _SKIP_FROM:
+            yield from tail
+            return
+        n, j, k = len(tidx), 0, 0
         low_p = low_s = cand = seen_at = None
         while j < n:
             if job.g < job.min_g or not math.isfinite(limit := job.up()):
-                yield order[tail + j]
-                j += 1
+                yield tail[j]
+                j, seen_at = j + 1, None
                 continue
             state = (limit, len(victims))
-            if state != seen_at:
+            if state == seen_at:  # the positions to visit are as they were: the next one is the next listed
+                k += 1
+            else:
                 if low_p is None:
                     low_p, low_s = self._lo_p[tidx], self._lo_s[tidx]
                 prio = job.inp.priority
@@ -845,12 +881,12 @@ class RubickEngine:
                     inside = pos < n
                     pos, at = pos[inside], at[inside]
                     mask[pos[tidx[pos] == at]] = True
-                cand, seen_at = np.flatnonzero(mask), state
-            k = int(np.searchsorted(cand, j))
+                cand, seen_at = np.flatnonzero(mask).tolist(), state
+                k = bisect.bisect_left(cand, j)
             if k >= len(cand):
                 return
-            j = int(cand[k])
-            yield order[tail + j]
+            j = cand[k]
+            yield tail[j]
             j += 1
 
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
@@ -1115,6 +1151,7 @@ class RubickEngine:
         jr = jr if jr is not None else _Journal()
         mark = len(jr.ops)
         before = (dict(job.g_on), dict(job.c_on), job.best)
+        free_before = (self._free_list, self._free_any)  # what the cache of free nodes is again once undone
         if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
             spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
                                                    for *_, vid in self.by_down if vid != job.id)
@@ -1130,7 +1167,7 @@ class RubickEngine:
         scans, orders = (self._scans, self._orders) if queued else (None, None)
         g0 = job.g
         nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
-        if only is None and type(nodes) is _Order and nodes.tidx is not None and len(nodes.tidx) > _SKIP_FROM:
+        if type(nodes) is _Order:
             nodes = self._visits(job, nodes, victims)
         for node in nodes:
             if target - job.g <= 0:
@@ -1163,6 +1200,7 @@ class RubickEngine:
         gathered = job.g
         if gathered < max(1, job.min_g) or not self._settle(jr, job):
             self._undo(jr, touched, mark)
+            self._free_list, self._free_any = free_before
             self.why[job.id] = ("held" if self._skipped_held else "no-gpus") \
                 if gathered < max(1, job.min_g, self._least(job)) else "no-fit"
             if repeat is not None:
@@ -1170,6 +1208,7 @@ class RubickEngine:
             return False
         if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
             self._undo(jr, touched, mark)
+            self._free_list, self._free_any = free_before
             self.why[job.id] = "held"  # the restart rule: the gain would not pay the restart
             return True
         if job.g < target:

@@ -115,6 +115,9 @@ class PolicyCore:
     round"""
     _free: int | None = field(default=None, repr=False)
     """`_free_gpus`, until an event that may change it (not one of `KEEPS_FREE`) or a round"""
+    _caps: tuple | None = field(default=None, repr=False)
+    """(the state's live nodes, the engine's `NodeCap` of each): made again only when the live nodes change, so a
+    round hands the engine the same node objects (`RubickEngine._layout` then reads them at once)"""
     _kept_in: dict = field(default_factory=dict, repr=False)
     """job -> its `JobIn` as last built. While nothing happens to the job only the fields that follow the clock, its
     measured progress and its status change, so the next round takes the same object with those brought forward
@@ -391,7 +394,10 @@ class PolicyCore:
         if self.state.quota_shares and hasattr(self.engine, "quotas"):
             self.engine.quotas = self.state.quotas()  # a share follows the live nodes' GPUs
         self.last_round_at = event.time
-        nodes = [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in self.state.alive_nodes()]
+        alive = self.state.alive_nodes()  # the same object until a node event changes the live nodes
+        if self._caps is None or self._caps[0] is not alive:
+            self._caps = (alive, [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in alive])
+        nodes = self._caps[1]
         jobs = self._inputs(event.time)
         outcomes = self.engine.schedule(nodes, jobs) if nodes else []
         outcomes += self._withdrawn()

@@ -215,36 +215,46 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, seed):
-    """An attempt's walk over the nodes of the jobs it may shrink passes the nodes where its search would do nothing
-    (`_visits`, here for every tail however short): the events are those of a core that visits every node, and
-    on each node passed the search would have found no job to shrink (`_none_below` says so, with the same
-    victims) and no free GPU."""
+    """An attempt's walk (`_visits`) works out the nodes of the jobs it may shrink only when the search reaches them,
+    and they are those the order would have held had they been worked out as the attempt began; of them it passes
+    the nodes where its search would do nothing (here for every tail however short). The events are those of a
+    core that visits every node, and on each node passed the search would have found no job to shrink
+    (`_none_below` says so, with the same victims) and no free GPU."""
     real_visits = engine_mod.RubickEngine._visits
-    seen = {"walks": 0, "passed": 0}
+    seen = {"walks": 0, "passed": 0, "tails": 0, "lazy": 0}
 
     def visits(self, job, order, victims):
-        last = -1
+        head = list(order.head())
+        if order.end and order.tail is None:
+            eager = self._shrinkable(order.end, order.seen())[0]  # the tail as the attempt began
+        else:
+            eager = order.tail or []
+        full, last, target = head + eager, -1, max(job.want_g, job.min_g)
         for node in real_visits(self, job, order, victims):
-            at = order.index(node)
+            at = full.index(node)
+            if at >= len(head):
+                assert order.tail == eager  # worked out now, the same nodes as at the start
+                seen["lazy"] += 1
             for k in range(last + 1, at):  # the nodes passed, in the state the search would have read them
-                passed = order[k]
-                assert self.free_g[passed] == 0
+                passed = full[k]
+                assert k >= len(head) and self.free_g[passed] == 0
                 assert job.g >= job.min_g and self._none_below(passed, job, victims)
                 seen["passed"] += 1
             last = at
             yield node
-        for k in range(last + 1, len(order)):
-            if job.g < max(job.want_g, job.min_g):  # the search would have gone on to it
-                assert self.free_g[order[k]] == 0 and self._none_below(order[k], job, victims)
+        for k in range(last + 1, len(full)):
+            if job.g < target:  # the search would have gone on to it
+                assert k >= len(head) and self.free_g[full[k]] == 0 and self._none_below(full[k], job, victims)
                 seen["passed"] += 1
         seen["walks"] += 1
+        seen["tails"] += bool(order.end)
 
     monkeypatch.setattr(engine_mod, "_SKIP_FROM", 0)
     monkeypatch.setattr(engine_mod.RubickEngine, "_visits", visits)
     skipping, _ = drive(seed, nodes=16, jobs=160, steps=30)
+    assert seen["walks"] > 50 and seen["passed"] > 100 and seen["tails"] > 50 and seen["lazy"] > 50
     monkeypatch.setattr(engine_mod, "_SKIP_FROM", 10**9)
     every, _ = drive(seed, nodes=16, jobs=160, steps=30)
-    assert seen["walks"] > 50 and seen["passed"] > 100
     assert skipping == every
 
 
