@@ -1168,6 +1168,12 @@ class RubickEngine:
         g0 = job.g
         nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
         if type(nodes) is _Order:
+            if g0 >= max(1, job.min_g) and job.inp.running:  # a running job's growth the restart rule refuses
+                taken = self._takes_free_only(job, nodes, floor, target)
+                if taken and self._settles_back(job, taken, before[2]):
+                    self._reindex(job)  # as the undo would (nothing was written)
+                    self.why[job.id] = "held"  # the restart rule: what it would take it gives back, nothing faster
+                    return True
             nodes = self._visits(job, nodes, victims)
         for node in nodes:
             if target - job.g <= 0:
@@ -1301,24 +1307,29 @@ class RubickEngine:
         `floor` (any, under its minimum). When it may not, every node would be passed over."""
         return job.g < job.min_g or self._any_free() or self._beats(job, floor)
 
-    def _settled(self, job: _Job, old: Best | None) -> bool:
+    def _settled(self, job: _Job, old: Best | None, chosen: Best | None = None) -> bool:
         """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing) would give back
         nothing, find its CPUs as they are and the memory its plan needs, and end on a plan no faster than `old`
         (its best as the attempt began): the restart rule (`_worth_it`) would then refuse the change, and the
         attempt be undone whole. Read without writing anything; each check is `_settle`'s own, in its order, and a
-        case it does not answer for sure (a trim, CPUs to take, reclaim or give back) is left to `_settle` itself."""
+        case it does not answer for sure (a trim, CPUs to take, reclaim or give back) is left to `_settle` itself.
+        `chosen`: the best plan `_settle` found first, already guarded, where it looked at a larger allocation and
+        gives back all the GPUs it took (`_settles_back`)."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
         g_on, c_on = job.g_on, job.c_on
         cpg = self._cpg_of(job)
         place = tuple(g_on.values())
-        best = self._best_on(job, place, max(cpg, job.cpg))
-        if best.plan is None:
-            return False
-        if job.privileged:
-            best = self._guarded(job, best, place)
-            if not self._meets(job, best):
+        if chosen is not None:
+            best = chosen
+        else:
+            best = self._best_on(job, place, max(cpg, job.cpg))
+            if best.plan is None:
                 return False
+            if job.privileged:
+                best = self._guarded(job, best, place)
+                if not self._meets(job, best):
+                    return False
         if best.placement != canonical(place):
             return False  # a plan on fewer GPUs: `_trim` would give some back
         want, floor = self._cpu_want(job)
@@ -1340,6 +1351,67 @@ class RubickEngine:
             if free_m[node] + mem_on.get(node, 0.0) < max(per_node + per_gpu * g, asked * g) - 1e-9:
                 return False
         return True
+
+    def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float], target: int) -> dict[str, int] | None:
+        """The free GPUs an attempt's search over `order` would take (node -> GPUs), read without writing anything,
+        where it takes only free GPUs and looks at no job to shrink on the way: at each node it reaches, nobody else
+        is there, no job anywhere is below the job (`floor`), or none there is (`_none_below`), with the job's slope
+        at the GPUs it would hold by then. None where the search would look for a job to shrink, or go on past the
+        free nodes to the nodes of jobs it may shrink."""
+        free_g, on_node, node_keys, me = self.free_g, self.on_node, self._node_keys, job.id
+        prio, up_tab, want, g = job.inp.priority, job.up_tab, job.want_g, job.g
+        taken: dict[str, int] = {}
+        for node in order.head():
+            if target - g <= 0:
+                return taken
+            take = min(free_g[node], target - g)
+            if take > 0:
+                taken[node] = take
+                g += take
+            others = on_node[node]
+            if not others or (len(others) == 1 and me in others):
+                continue
+            limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]  # `_Job.up` at the GPUs it would hold
+            if not (floor[0] < prio or (floor[0] == prio and floor[1] + EPS < limit)):
+                continue  # as `_beats(job, floor)` says no
+            if not math.isfinite(limit):
+                return None
+            for key in node_keys[node][:2]:  # `_none_below`, with no job shrunk
+                if key[3] != me:
+                    if key[0] < prio or (key[0] == prio and key[1] + EPS < limit):
+                        return None
+                    break
+        return None if order.end and target - g > 0 else taken
+
+    def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
+        """Whether `_settle`, after the search took the free GPUs `taken`, would give them all back (the best plan
+        within the larger allocation is on what the job holds, and `_trim` keeps exactly that), then find the job's
+        CPUs and memory as they are and a plan no faster than `old`: the restart rule refuses the change and the
+        attempt is undone whole (`_settled` answers the rest, read the same way)."""
+        g_on = dict(job.g_on)
+        for node, take in taken.items():
+            g_on[node] = g_on.get(node, 0) + take
+        c_on, low = job.c_on, None  # `_cpg_of` over the larger allocation (no CPUs yet on the nodes taken)
+        for node, g in g_on.items():
+            r = c_on.get(node, 0) // g
+            if low is None or r < low:
+                low = r
+        cpg = (job.cpg if low is None else (low if low > 1 else 1)) if c_on else job.cpg
+        place = tuple(g_on.values())
+        best = self._best_on(job, place, max(cpg, job.cpg))
+        if best.plan is None:
+            return False
+        if job.privileged:
+            best = self._guarded(job, best, place)
+            if not self._meets(job, best):
+                return False
+        kept: dict[str, int] = {}  # `_trim`: the i-th node by GPUs keeps the i-th of the plan's placement
+        for i, node in enumerate(sorted(g_on, key=lambda n: (-g_on[n], n))):
+            keep = best.placement[i] if i < len(best.placement) else 0
+            g = g_on[node] if g_on[node] <= keep else keep
+            if g > 0:
+                kept[node] = g
+        return kept == job.g_on and self._settled(job, old, best)
 
     def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
         """The best plan for an allocation: on it or on what is left after giving back GPUs on its

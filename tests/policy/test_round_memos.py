@@ -268,8 +268,10 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     real = engine_mod.RubickEngine._settled
     seen = {"settled": 0, "not": 0}
 
-    def checked(self, job, old):
-        answer = real(self, job, old)
+    def checked(self, job, old, chosen=None):
+        answer = real(self, job, old, chosen)
+        if chosen is not None:  # after free GPUs taken (`_settles_back`, the test below)
+            return answer
         seen["settled" if answer else "not"] += 1
         if answer:
             forced = {j.id: j.forced for j in self.jobs.values()}
@@ -284,11 +286,71 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     shortcut, core = drive(seed, mem_gb=mem_gb)
     assert seen["settled"] > 50 and seen["not"] > 10
 
-    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old, chosen=None: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "_may_gather", lambda self, job, floor: True)
     settled_each_time, _ = drive(seed, mem_gb=mem_gb)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == settled_each_time
+
+
+@pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0), (3, 1600.0)])
+def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_without_them(monkeypatch, seed, mem_gb):
+    """A running job's attempt whose search would take only free GPUs (`_takes_free_only`) and whose settling would
+    give them all back and end on a plan no faster (`_settles_back`) is refused without taking them: each time it
+    says so, taking those GPUs (the search itself, on the same order of nodes, takes the same), settling, and
+    asking the restart rule does just that, moving no other job; the events published are those of a core that
+    runs every search. With 20 GB a node, some plans' host memory does not fit where the job runs."""
+    real_takes, real_back = engine_mod.RubickEngine._takes_free_only, engine_mod.RubickEngine._settles_back
+    seen = {"back": 0, "not": 0, "none": 0}
+
+    def takes(self, job, order, floor, target):
+        taken = real_takes(self, job, order, floor, target)
+        if taken is None:
+            seen["none"] += 1
+            return None
+        # the search itself on the same nodes: the same GPUs, from no other job, and no held job passed over
+        start, held_back, g_on = dict(job.g_on), self.held_back, dict(job.g_on)
+        jr, victims = engine_mod._Journal(), {}
+        for node in self._visits(job, order, victims):
+            if target - job.g <= 0:
+                break
+            take = min(self.free_g[node], target - job.g)
+            if take > 0:
+                self._move(jr, node, None, job, take)
+            others = self.on_node[node]
+            if not others or (len(others) == 1 and job.id in others):
+                continue
+            assert job.g >= job.min_g and (not self._beats(job, floor) or self._none_below(node, job, victims))
+        for node, take in taken.items():
+            g_on[node] = g_on.get(node, 0) + take
+        assert job.g_on == g_on and self.held_back == held_back
+        self._undo(jr, [job])
+        assert job.g_on == start
+        return taken
+
+    def back(self, job, taken, old):
+        answer = real_back(self, job, taken, old)
+        seen["back" if answer else "not"] += 1
+        if answer:
+            forced = {j.id: j.forced for j in self.jobs.values()}
+            start, jr = dict(job.g_on), engine_mod._Journal()
+            for node, take in taken.items():
+                self._move(jr, node, None, job, take)
+            assert self._settle(jr, job) and job.g_on == start
+            assert not self._worth_it(job, old, {})
+            assert {j.id: j.forced for j in self.jobs.values()} == forced
+            self._undo(jr, [job])
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", takes)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settles_back", back)
+    shortcut, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb)  # room to spare: jobs grow onto free GPUs
+    assert seen["back"] > 10 and seen["not"] > 5 and seen["none"] > 5, seen
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", lambda self, job, order, floor, target: None)
+    searched_each_time, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb)
+    assert sum(b"plan.decided" in b for b in shortcut) >= 10
+    assert shortcut == searched_each_time
 
 
 @pytest.mark.parametrize("seed", [1, 2])
