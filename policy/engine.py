@@ -817,7 +817,7 @@ class RubickEngine:
         """The nodes not in `seen` where a job of the index's prefix `by_down[:end]` holds GPUs, by name, and their
         indices in `_by_name`. A short prefix: its jobs' nodes. A long one: the nodes whose lowest key listed in
         `_node_keys` is within it, from the lowest keys' arrays (the few whose priority and slope tie the prefix's
-        last key's, or whose slope is not a number, compared whole), at the start of an attempt every job of the index
+        last key's, or whose slope is not a number, compared whole). At the start of an attempt every job of the index
         is listed under the nodes it holds, as `tests/policy/test_round_memos.py` checks."""
         if 4 * end < len(self.order):
             jobs = self.jobs
