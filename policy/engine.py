@@ -1280,13 +1280,9 @@ class RubickEngine:
         """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
         and memory (AllocMem). False when no plan fits or the guarantee is not met."""
         cpg = self._cpg_of(job) if job.c_on else job.cpg
-        best = self._best_on(job, tuple(job.g_on.values()), max(cpg, job.cpg))
-        if best.plan is None:
+        best = self._first_best(job, tuple(job.g_on.values()), max(cpg, job.cpg))
+        if best is None:
             return False
-        if job.privileged:
-            best = self._guarded(job, best, tuple(job.g_on.values()))
-            if not self._meets(job, best):
-                return False
         self._trim(jr, job, best.placement)
         if not self._alloc_cpus(jr, job):
             return False
@@ -1320,16 +1316,9 @@ class RubickEngine:
         g_on, c_on = job.g_on, job.c_on
         cpg = self._cpg_of(job)
         place = tuple(g_on.values())
-        if chosen is not None:
-            best = chosen
-        else:
-            best = self._best_on(job, place, max(cpg, job.cpg))
-            if best.plan is None:
-                return False
-            if job.privileged:
-                best = self._guarded(job, best, place)
-                if not self._meets(job, best):
-                    return False
+        best = chosen if chosen is not None else self._first_best(job, place, max(cpg, job.cpg))
+        if best is None:
+            return False
         if best.placement != canonical(place):
             return False  # a plan on fewer GPUs: `_trim` would give some back
         want, floor = self._cpu_want(job)
@@ -1397,14 +1386,9 @@ class RubickEngine:
             if low is None or r < low:
                 low = r
         cpg = (job.cpg if low is None else (low if low > 1 else 1)) if c_on else job.cpg
-        place = tuple(g_on.values())
-        best = self._best_on(job, place, max(cpg, job.cpg))
-        if best.plan is None:
+        best = self._first_best(job, tuple(g_on.values()), max(cpg, job.cpg))
+        if best is None:
             return False
-        if job.privileged:
-            best = self._guarded(job, best, place)
-            if not self._meets(job, best):
-                return False
         kept: dict[str, int] = {}  # `_trim`: the i-th node by GPUs keeps the i-th of the plan's placement
         for i, node in enumerate(sorted(g_on, key=lambda n: (-g_on[n], n))):
             keep = best.placement[i] if i < len(best.placement) else 0
@@ -1412,6 +1396,18 @@ class RubickEngine:
             if g > 0:
                 kept[node] = g
         return kept == job.g_on and self._settled(job, old, best)
+
+    def _first_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
+        """`_settle`'s first look at an allocation: the best plan on it or on a trim of it, guarded for a guarantee;
+        None where no plan fits or the guarantee is not met."""
+        best = self._best_on(job, placement, cpus_per_gpu)
+        if best.plan is None:
+            return None
+        if job.privileged:
+            best = self._guarded(job, best, placement)
+            if not self._meets(job, best):
+                return None
+        return best
 
     def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
         """The best plan for an allocation: on it or on what is left after giving back GPUs on its
