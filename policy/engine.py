@@ -952,10 +952,11 @@ class RubickEngine:
         return self.by_down[0][:2] if self.by_down else (math.inf, math.inf)
 
     @staticmethod
-    def _beats(job: _Job, rank: tuple[float, float]) -> bool:
+    def _beats(job: _Job, rank: tuple[float, float], limit: float | None = None) -> bool:
         """Whether `job` may take a GPU from a job of `rank` (priority, slope): a lower priority, or the same
-        priority and a slope below the job's own (Algorithm 1)."""
-        return rank[0] < job.inp.priority or (rank[0] == job.inp.priority and rank[1] + EPS < job.up())
+        priority and a slope below the job's own (Algorithm 1); `limit`: its slope, where not the one it has now."""
+        return rank[0] < job.inp.priority or (rank[0] == job.inp.priority
+                                              and rank[1] + EPS < (job.up() if limit is None else limit))
 
     def _over_min(self, victim: _Job) -> bool:
         if victim.g - 1 < victim.min_g or victim.g <= 0:
@@ -1047,12 +1048,14 @@ class RubickEngine:
             out.append([vid, vp, down, (vp, down, -v.inp.order, vid), v, None, vid in held])
         return out
 
-    def _none_below(self, node: str, job: _Job, victims: dict[str, _Job]) -> bool:
+    def _none_below(self, node: str, job: _Job, victims: dict[str, _Job], limit: float | None = None) -> bool:
         """Whether no job on `node` that `_lowest_slope_over_min` would consider has a priority, or slope, below
         `job`'s own, so that it would answer None and pass over no held job. The lowest key listed under the
         node bounds those of the jobs not shrunk in this attempt (their keys are current; a job that left the
-        node since only lowers the bound); the jobs shrunk in it (`victims`) are looked at with their slopes now."""
-        limit = job.up()
+        node since only lowers the bound); the jobs shrunk in it (`victims`) are looked at with their slopes now.
+        `limit`: the job's slope, where not the one it has now."""
+        if limit is None:
+            limit = job.up()
         if not math.isfinite(limit):
             return False
         prio = job.inp.priority
@@ -1347,8 +1350,8 @@ class RubickEngine:
         is there, no job anywhere is below the job (`floor`), or none there is (`_none_below`), with the job's slope
         at the GPUs it would hold by then. None where the search would look for a job to shrink, or go on past the
         free nodes to the nodes of jobs it may shrink."""
-        free_g, on_node, node_keys, me = self.free_g, self.on_node, self._node_keys, job.id
-        prio, up_tab, want, g = job.inp.priority, job.up_tab, job.want_g, job.g
+        free_g, on_node, me = self.free_g, self.on_node, job.id
+        up_tab, want, g = job.up_tab, job.want_g, job.g
         taken: dict[str, int] = {}
         for node in order.head():
             if target - g <= 0:
@@ -1361,15 +1364,8 @@ class RubickEngine:
             if not others or (len(others) == 1 and me in others):
                 continue
             limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]  # `_Job.up` at the GPUs it would hold
-            if not (floor[0] < prio or (floor[0] == prio and floor[1] + EPS < limit)):
-                continue  # as `_beats(job, floor)` says no
-            if not math.isfinite(limit):
+            if self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit):
                 return None
-            for key in node_keys[node][:2]:  # `_none_below`, with no job shrunk
-                if key[3] != me:
-                    if key[0] < prio or (key[0] == prio and key[1] + EPS < limit):
-                        return None
-                    break
         return None if order.end and target - g > 0 else taken
 
     def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
