@@ -182,17 +182,19 @@ class PlanBook:
         `items` or -1 (not asked yet)]"""
         for place, cpg in wanted:
             place, cpg = canonical(place), self._cpg(kind, cpg)
-            for c in every if every is not None and (vkey, place, cpg) not in known else (cpg,):
+            if (vkey, place, cpg) in known:
+                continue
+            held = plans_of.get(place)
+            if held is None:
+                plans = kind.plans(place) if place else ()
+                held = plans_of[place] = [
+                    plans, [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else [],
+                    [(i, p) for i, p in enumerate(plans) if p.offload] if shared else list(enumerate(plans)), -1]
+            if not held[0]:  # no plan: nothing to ask, and settled only at the CPU count asked
+                known[(vkey, place, cpg)] = NONE
+                continue
+            for c in every if every is not None else (cpg,):
                 if (vkey, place, c) in known or (place, c) in queued:
-                    continue
-                held = plans_of.get(place)
-                if held is None:
-                    plans = kind.plans(place) if place else ()
-                    held = plans_of[place] = [
-                        plans, [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else [],
-                        [(i, p) for i, p in enumerate(plans) if p.offload] if shared else list(enumerate(plans)), -1]
-                if not held[0]:
-                    known[(vkey, place, c)] = NONE
                     continue
                 if held[3] < 0 and held[1]:
                     held[3] = len(items)  # what they take does not depend on the CPUs: asked once

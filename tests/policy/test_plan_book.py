@@ -52,3 +52,58 @@ def test_every_best_plan_is_the_one_asking_every_plan_at_every_cpu_count_gives(n
     # and the best plan does depend on the CPUs somewhere (offload's times do), or the check above proves little
     if name in DEPENDS:
         assert any(once.best(kind, p, 1).throughput != once.best(kind, p, 12).throughput for p in places)
+
+
+@dataclass
+class Counting:
+    """The same oracle, counting the configurations it is asked about."""
+
+    inner: ModelOracle
+    asked: int = 0
+    cpus_offload_only = True
+
+    def version(self, model_type: str) -> int:
+        return self.inner.version(model_type)
+
+    def evaluate_many(self, model, global_batch, items):
+        self.asked += len(items)
+        return self.inner.evaluate_many(model, global_batch, items)
+
+
+def _first_fastest_plan(book: PlanBook, kind: JobKind, place: tuple[int, ...], cpg: int) -> tuple[float, object]:
+    """(samples/s, plan) of the first of the fastest plans on `place`, every plan asked directly."""
+    top = (0.0, None)
+    for plan, seconds in book.considered(kind, place, cpg):
+        if seconds > 0 and seconds != float("inf") and kind.global_batch / seconds > top[0]:
+            top = (kind.global_batch / seconds, plan)
+    return top
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama7"])
+def test_placements_without_plans_cost_no_question_and_the_best_within_a_placement_is_the_best_of_its_trims(name):
+    oracle, models = from_modeler(MODELER)
+    kind = JobKind(models[name], models[name].spec.global_batch_size)
+    counting = Counting(oracle)
+    book = PlanBook(counting)
+    planless = [p for g in (17, 23, 29, 31) for p in trims(packed(g, 8)) if not kind.plans(p)]
+    assert planless  # some GPU counts run no plan of this kind (its batch does not split over them)
+    book.fill(kind, [(p, 8) for p in planless])
+    for place in planless:
+        for cpg in range(1, book.max_cpus_per_gpu + 1):
+            assert book.best(kind, place, cpg).plan is None
+    assert counting.asked == 0
+    reference = PlanBook(oracle)
+    for place in [packed(23, 8), (8, 8, 7), (8, 5, 3, 1), (6, 6, 4)]:
+        for cpg in (1, 3, 8, 12):
+            found = book.best_within(kind, place, cpg)
+            best = (0.0, None, ())  # the first of the trims whose best plan is the fastest
+            for t in trims(place):
+                speed, plan = _first_fastest_plan(reference, kind, t, cpg)
+                each = book.best(kind, t, cpg)
+                assert (each.throughput, each.plan) == (pytest.approx(speed, rel=1e-12), plan), (t, cpg)
+                if speed > best[0] * (1 + 1e-9):
+                    best = (speed, plan, t)
+            assert found.throughput == pytest.approx(best[0], rel=1e-12), (place, cpg)
+            assert (found.plan, found.placement) == best[1:], (place, cpg)
+            assert found.plan is not None
+    assert counting.asked > 0
