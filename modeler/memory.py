@@ -100,6 +100,19 @@ def _gpu_bytes(model: ModelType, batch: ConfigBatch, states: np.ndarray) -> np.n
 def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> ConfigBatch:
     """Fill in GA steps left to the modeler (0): the fewest that divide the per-rank batch and fit
     in GPU memory; the most (one sample per pass) where none fits."""
+    return _resolve_ga(model, env, batch, None)
+
+
+def resolve_feasible(model: ModelType, env: Environment, batch: ConfigBatch) -> tuple[ConfigBatch, np.ndarray]:
+    """`resolve_ga`, then `feasible` of what it resolved: the model states (which do not depend on the GA steps)
+    worked out once for both."""
+    states = model_states_bytes(model, batch)
+    resolved = _resolve_ga(model, env, batch, states[0])
+    return resolved, feasible(model, env, resolved, states=states)
+
+
+def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch, states: np.ndarray | None) -> ConfigBatch:
+    """`resolve_ga`; `states`: the batch's GPU bytes of model states where known."""
     auto = batch.ga_steps == 0
     if not auto.any():
         return batch
@@ -113,7 +126,7 @@ def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> Config
             continue
         trial = batch.take(todo)
         trial = ConfigBatch(**{**trial.__dict__, "ga_steps": np.full(len(trial), a, dtype=np.int64)})
-        fits = gpu_bytes(model, trial) <= limit
+        fits = (gpu_bytes(model, trial) if states is None else _gpu_bytes(model, trial, states[todo])) <= limit
         idx = np.flatnonzero(todo)
         ga[idx[fits | (a == per_rank[idx])]] = a
         left = ga == 0
@@ -128,13 +141,15 @@ def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
 
 
 def feasible(model: ModelType, env: Environment, batch: ConfigBatch,
-             host_mem_gb: np.ndarray | float | None = None) -> np.ndarray:
+             host_mem_gb: np.ndarray | float | None = None,
+             states: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """True where the plan fits in GPU memory and, under ZeRO-Offload, in host memory.
 
     `host_mem_gb` is the host memory given to the job (all nodes together); by default all of the
-    nodes it uses.
+    nodes it uses. `states`: `model_states_bytes` of the batch, where already worked out.
     """
-    states, on_host = model_states_bytes(model, batch)  # once for both: `gpu_bytes` and `host_bytes` each read it
+    # once for both: `gpu_bytes` and `host_bytes` each read it
+    states, on_host = model_states_bytes(model, batch) if states is None else states
     fits_gpu = _gpu_bytes(model, batch, states) <= USABLE_FRACTION * env.gpu_mem_gb * GB
     host = batch.nodes * env.host_mem_gb if host_mem_gb is None else np.asarray(host_mem_gb, dtype=np.float64)
     fits_host = on_host <= host * GB

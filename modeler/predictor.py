@@ -30,8 +30,7 @@ import numpy as np
 
 from .configs import ConfigBatch
 from .env import Environment
-from .memory import feasible as memory_feasible
-from .memory import resolve_ga
+from .memory import resolve_feasible
 from .perf_model import PerfParams, t_iter
 from .spec import ModelType
 
@@ -67,7 +66,6 @@ class ModelPredictor:
     def predict(self, model_type: str, batch: ConfigBatch) -> Prediction:
         model = self.models[model_type]
         params = self.params[model_type]
-        batch = resolve_ga(model, self.env, batch)
+        batch, ok = resolve_feasible(model, self.env, batch)
         times = t_iter(model, self.env, params, batch)
-        ok = memory_feasible(model, self.env, batch)
         return Prediction(iter_time_s=np.where(ok, times, np.inf), feasible=ok)

@@ -30,8 +30,7 @@ import numpy as np
 from controlplane.events import ModelUpdated, Plan
 from modeler.configs import Config, ConfigBatch, ConfigError, _stack, layout
 from modeler.env import Environment
-from modeler.memory import feasible as memory_feasible
-from modeler.memory import host_bytes, resolve_ga
+from modeler.memory import host_bytes, resolve_feasible
 from modeler.perf_model import PerfParams, t_iter
 from modeler.uncertainty import clean_bounds
 from modeler.spec import ModelType
@@ -89,8 +88,7 @@ class _MemoryMixin:
         return float(host_bytes(model, batch)[0]) / 1e9
 
     def resolved(self, model: ModelType, global_batch: int, items: Sequence[Item]) -> tuple[ConfigBatch, np.ndarray]:
-        batch = resolve_ga(model, self.env, _batch(model, global_batch, items, True))
-        return batch, memory_feasible(model, self.env, batch)
+        return resolve_feasible(model, self.env, _batch(model, global_batch, items, True))
 
     def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
                  plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]:

@@ -6,7 +6,7 @@ import pytest
 from controlplane.events import Plan
 from modeler.configs import Config, ConfigBatch
 from modeler.memory import (deepspeed_model_states, feasible, host_bytes, largest_layer_params,
-                            model_states_bytes, resolve_ga)
+                            model_states_bytes, resolve_feasible, resolve_ga)
 from modeler.validate import read_table, measurements
 from tests.modeler.conftest import DATA, KEYS
 
@@ -85,3 +85,27 @@ def test_model_states_agree_with_deepspeed(models):
                 else:
                     assert gpu[0] == pytest.approx(ds_gpu, rel=1e-9)
                     assert host_bytes(m, b)[0] == cpu[0]
+
+
+def test_resolving_and_checking_together_equals_resolving_then_checking(models, env):
+    """`resolve_feasible` works the model states out once for both steps: the same GA steps and the same verdicts,
+    on every plan of every placement up to 32 GPUs of every model (some of which do not fit)."""
+    from policy.curves import trims
+    from policy.plans import ALL_FAMILIES, enumerate_plans
+
+    verdicts, steps = [], []
+    for key in KEYS:
+        m = models[key]
+        configs = [Config(plan=p, gpus_per_node=place, cpus_per_gpu=None, global_batch_size=m.spec.global_batch_size,
+                          ga_auto=True)
+                   for place in trims((8, 8, 8, 8)) + [(4, 4), (2, 2, 2, 2), (6, 6, 4)]
+                   for p in enumerate_plans(m, m.spec.global_batch_size, place, ALL_FAMILIES)]
+        batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=True)
+        together, ok = resolve_feasible(m, env, batch)
+        apart = resolve_ga(m, env, batch)
+        assert np.array_equal(together.ga_steps, apart.ga_steps), key
+        assert np.array_equal(ok, feasible(m, env, apart)), key
+        verdicts.append(ok)
+        steps.append(apart.ga_steps)
+    assert np.concatenate(verdicts).any() and not np.concatenate(verdicts).all()
+    assert (np.concatenate(steps) > 1).any()  # some plans needed accumulation to fit: the GA search was exercised
