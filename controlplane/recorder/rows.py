@@ -48,6 +48,27 @@ def plan_code(plan: Any) -> str | None:
     """The `Plan.code()` text of a plan given as a decoded map (None if it is not one)."""
     if not isinstance(plan, dict):
         return None
+    try:  # most messages of a run carry one of a few plans: their codes are kept, by the plan's items
+        key = tuple(plan.items())
+        code = _PLAN_CODES.get(key, _UNKNOWN)
+    except TypeError:  # a value that cannot be a key (a list, a map): worked out each time
+        return _plan_code(plan)
+    if code is _UNKNOWN:
+        code = _plan_code(plan)
+        if len(_PLAN_CODES) >= _PLAN_CODES_KEPT:
+            _PLAN_CODES.clear()
+        _PLAN_CODES[key] = code
+    return code
+
+
+_UNKNOWN = object()
+_PLAN_CODES: dict[tuple, str | None] = {}
+"""Codes by a plan's items. Items that compare equal give the same code: it reads each size through
+`int()` and each flag by its truth, which agree on equal numbers (1, 1.0, True)."""
+_PLAN_CODES_KEPT = 4096
+
+
+def _plan_code(plan: dict) -> str | None:
     try:
         p = {**_PLAN_DEFAULTS, **plan}
         mb = int(p["micro_batches"])
@@ -101,45 +122,50 @@ def _failure(exc: BaseException) -> str:
 
 
 def _row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float) -> tuple:
-    event_id = v = time = source = job_id = node = model_type = iter_time = plan = error = None
-    jobs: str | None = None  # joined by _SEP, split into a list column by frame()
+    # the hot path of the recorder: one call per message, so lookups are made once and the checks inline
     try:
-        env = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        env = _unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
-        env = None
-        error = f"malformed msgpack ({type(exc).__name__})"
-    if env is not None and not isinstance(env, dict):
-        error = "not a msgpack map"
-    elif isinstance(env, dict):
-        event_id, source = _s(env.get("id")), _s(env.get("source"))
-        v = env.get("v") if isinstance(env.get("v"), int) and -2**31 <= env.get("v") < 2**31 else None
-        time = _us(env.get("time"))
-        payload = env.get("data")
-        if not isinstance(payload, dict):
-            error = "envelope without a data map"
+        return (seq, _us(stored), subject, None, None, None, None, None, None, None, None, None, None, msg_id,
+                f"malformed msgpack ({type(exc).__name__})", bytes(data))
+    if not isinstance(env, dict):
+        return (seq, _us(stored), subject, None, None, None, None, None, None, None, None, None, None, msg_id,
+                "not a msgpack map", bytes(data))
+    get = env.get
+    event_id, source, v = get("id"), get("source"), get("v")
+    event_id = event_id if isinstance(event_id, str) else None
+    source = source if isinstance(source, str) else None
+    v = v if isinstance(v, int) and -2**31 <= v < 2**31 else None
+    time = _us(get("time"))
+    payload = get("data")
+    if not isinstance(payload, dict):
+        return (seq, _us(stored), subject, event_id, v, time, source, None, None, None, None, None, None, msg_id,
+                "envelope without a data map", bytes(data))
+    get = payload.get
+    job_id, node, model_type = get("job_id"), get("node"), get("model_type")
+    job_id = job_id if isinstance(job_id, str) else None
+    node = node if isinstance(node, str) else None
+    if not isinstance(model_type, str):
+        model = get("model")
+        model_type = _s(model.get("type")) if isinstance(model, dict) else None
+    it = get("iter_time_s")
+    iter_time = float(it) if isinstance(it, (int, float)) and not isinstance(it, bool) else None
+    plan = get("plan")
+    plan = plan_code(plan) if plan is not None else None
+    decisions = get("decisions")
+    if isinstance(decisions, list):
+        jobs = _SEP.join(d["job_id"] for d in decisions if isinstance(d, dict) and isinstance(d.get("job_id"), str))
+    else:
+        listed = get("jobs")
+        if isinstance(listed, list):
+            jobs = _SEP.join(j for j in listed if isinstance(j, str))
         else:
-            job_id = _s(payload.get("job_id"))
-            node = _s(payload.get("node"))
-            model_type = _s(payload.get("model_type"))
-            model = payload.get("model")
-            if model_type is None and isinstance(model, dict):
-                model_type = _s(model.get("type"))
-            it = payload.get("iter_time_s")
-            iter_time = float(it) if isinstance(it, (int, float)) and not isinstance(it, bool) else None
-            plan = plan_code(payload.get("plan"))
-            decisions = payload.get("decisions")
-            if isinstance(decisions, list):
-                jobs = _SEP.join(d["job_id"] for d in decisions
-                                 if isinstance(d, dict) and isinstance(d.get("job_id"), str))
-            elif isinstance(payload.get("jobs"), list):
-                jobs = _SEP.join(j for j in payload["jobs"] if isinstance(j, str))
-            elif job_id is not None:
-                jobs = job_id
-            jobs = jobs or None
-    return (seq, _us(stored), subject, event_id, v, time, source, job_id, jobs, node, model_type, iter_time,
-            plan, msg_id, error, bytes(data))
+            jobs = job_id
+    return (seq, _us(stored), subject, event_id, v, time, source, job_id, jobs or None, node, model_type, iter_time,
+            plan, msg_id, None, bytes(data))
 
 
+_unpackb = msgpack.unpackb
 _SEP = "\x1f"  # unit separator: never part of a job id
 
 
