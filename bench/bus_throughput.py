@@ -15,7 +15,9 @@ For each run (fresh server and folder):
 Prints per run and the median over runs: publish rate, recorded rate, their ratio
 to the raw publish rate, p50/p99 publish-to-recorded latency (publish time to the
 moment the Parquet file holding the event was renamed into place), bytes per
-event on disk, and the drain rate with its ratio to the raw publish rate.
+event on disk, the drain rate with its ratio to the raw publish rate, and the recorder's CPU time per
+event in both (user + system, read from /proc on Linux, from its "ready" to the last event in Parquet): a
+figure the sharing of the cores does not blur as it does the rates.
 
     python bench/bus_throughput.py [--n 100000] [--runs 3] [--roll-seconds 0.5]
 """
@@ -24,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
@@ -44,6 +48,7 @@ from controlplane.events import MetricsIteration, Plan, encode, make  # noqa: E4
 from controlplane.lease import ensure_lease_bucket  # noqa: E402
 from controlplane.lifetime import die_with_parent  # noqa: E402
 from controlplane.natsserver import NatsServer  # noqa: E402
+from controlplane.recorder.writer import FILE_RE  # noqa: E402
 
 PAYLOAD = MetricsIteration(job_id="bench-job", model_type="gpt2", iteration=0, iter_time_s=1.05,
                            plan=Plan(dp=8, zero_stage=2), gpus_per_node=(8,), node="node-0", cpus_per_gpu=8,
@@ -92,14 +97,16 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
     except BaseException:
         await bus.close()
         raise
-    landed: dict[Path, float] = {}
+    landed = Landed()
     try:
         items = bench_events(n, "b")
+        cpu_before = cpu_seconds(recorder.pid)
         t_first = time.time()
         await publish_all(bus, items, chunk)
         t_published = time.time()
         await bus.close()
         await landed_rows(log_dir, n, landed)
+        cpu_after = cpu_seconds(recorder.pid)
     finally:  # stopped (and its connection closed) even when the run fails
         recorder.terminate()
         recorder.wait(30)
@@ -108,14 +115,10 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
     ids = frame["msg_id"].to_list()
     lost = n - len(set(ids) & {f"b-{i}" for i in range(n)})
     doubled = len(ids) - len(set(ids))
-    t_last = max(landed.values())
+    t_last = max(landed.when.values())
     # latency: when the stream stored each event (its publish) to when its Parquet file landed
-    per_file = []
-    for path, mtime in landed.items():
-        times = pl.read_parquet(path, columns=["stored"])["stored"].dt.epoch("us").to_numpy() / 1e6
-        per_file.append(mtime - times)
-    latency = np.concatenate(per_file)
-    size = sum(p.stat().st_size for p in landed)
+    latency = np.concatenate(landed.stored)
+    size = landed.size
     return {
         "publish_rate": n / (t_published - t_first),
         "recorded_rate": n / (t_last - t_first),
@@ -125,8 +128,22 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
         "wire_bytes": len(items[0][1]),
         "lost": lost,
         "doubled": doubled,
-        "files": len(landed),
+        "files": len(landed.when),
+        "cpu_us": cpu_us_per_event(cpu_before, cpu_after, n),
     }
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far (None where /proc cannot tell)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_us_per_event(before: float | None, after: float | None, n: int) -> float:
+    return (after - before) / n * 1e6 if before is not None and after is not None and n else float("nan")
 
 
 def start_recorder(url: str, log_dir: Path, roll_seconds: float) -> subprocess.Popen:
@@ -158,17 +175,41 @@ async def publish_all(bus: JetStreamBus, items: list[tuple[str, bytes, str]], ch
         assert all(a.seq > 0 for a in acks)
 
 
-async def landed_rows(log_dir: Path, n: int, seen: dict[Path, float], timeout: float = 120.0) -> int:
-    """Wait until `n` rows are in the log's Parquet files (or `timeout` s); `seen`: file -> when it landed."""
+@dataclass
+class Landed:
+    """What each Parquet file of the log held when it landed, read then: the recorder's background compaction
+    may merge landed files into a larger one and remove them (the merged file is not counted again)."""
+
+    when: dict[Path, float] = field(default_factory=dict)
+    """file -> when it landed (its mtime)"""
+    stored: list[np.ndarray] = field(default_factory=list)
+    """per file, when the stream stored each of its events (seconds)"""
+    size: int = 0
+    rows: int = 0
+    high: int = 0
+    """the highest sequence of a counted file"""
+
+
+async def landed_rows(log_dir: Path, n: int, seen: Landed, timeout: float = 120.0) -> int:
+    """Wait until `n` rows are in the log's Parquet files (or `timeout` s). Files land in sequence order; one whose
+    sequences were all counted already is a merge of earlier files and is skipped, and one merged away before it
+    was read comes back inside the merge."""
     deadline = time.time() + timeout
-    count = 0
-    while count < n and time.time() < deadline:
-        for path in log_dir.glob("events-*.parquet"):
-            if path not in seen:
-                seen[path] = path.stat().st_mtime
-                count += pl.scan_parquet(path).select(pl.len()).collect().item()
+    while seen.rows < n and time.time() < deadline:
+        for path in sorted(log_dir.glob("events-*.parquet")):
+            m = FILE_RE.match(path.name)
+            if path in seen.when or m is None or int(m["last"]) <= seen.high:
+                continue
+            try:
+                mtime, size = path.stat().st_mtime, path.stat().st_size
+                rows = pl.read_parquet(path, columns=["seq", "stored"]).filter(pl.col("seq") > seen.high)
+            except (FileNotFoundError, pl.exceptions.ComputeError):  # merged away meanwhile
+                continue
+            stored = rows["stored"].dt.epoch("us").to_numpy() / 1e6  # a merge holds counted rows too: not again
+            seen.when[path], seen.size, seen.rows, seen.high = mtime, seen.size + size, seen.rows + len(stored), int(m["last"])
+            seen.stored.append(mtime - stored)
         await asyncio.sleep(0.02)
-    return count
+    return seen.rows
 
 
 async def drain(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000) -> dict:
@@ -182,16 +223,18 @@ async def drain(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int
     finally:
         await bus.close()
     recorder = start_recorder(url, log_dir, roll_seconds)
+    cpu_before = cpu_seconds(recorder.pid)
     t_ready = time.time()
     try:
-        count = await landed_rows(log_dir, n, {})
+        count = await landed_rows(log_dir, n, Landed())
         t_done = time.time()
+        cpu_after = cpu_seconds(recorder.pid)
     finally:
         recorder.terminate()
         recorder.wait(30)
     ids = scan(log_dir, ["msg_id"]).frame["msg_id"].to_list()
     return {"drain_rate": count / (t_done - t_ready), "drain_lost": n - len(set(ids)),
-            "drain_doubled": len(ids) - len(set(ids))}
+            "drain_doubled": len(ids) - len(set(ids)), "drain_cpu_us": cpu_us_per_event(cpu_before, cpu_after, count)}
 
 
 async def one_run(n: int, roll_seconds: float) -> dict:
@@ -224,7 +267,7 @@ def main() -> None:
     args = parser.parse_args()
     keys = ["raw_publish_rate", "raw_publish_id_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio",
             "ratio_id", "p50_ms", "p99_ms",
-            "bytes_per_event", "lost", "doubled", "files", "drain_rate", "drain_ratio"]
+            "bytes_per_event", "lost", "doubled", "files", "cpu_us", "drain_rate", "drain_ratio", "drain_cpu_us"]
     runs = []
     print(f"{args.n:,} metrics.iteration events per run, {args.runs} runs, recorder roll {args.roll_seconds} s")
     print(" ".join(f"{k[:19]:>19}" for k in keys))
@@ -242,7 +285,8 @@ def main() -> None:
           f"({runs[0]['wire_bytes']} on the wire); lost {sum(r['lost'] for r in runs)}, "
           f"doubled {sum(r['doubled'] for r in runs)}; the recorder alone drained a stored backlog at "
           f"{med['drain_rate']:,.0f} msg/s = {med['drain_ratio']:.2f} x raw publish (lost "
-          f"{sum(r['drain_lost'] for r in runs)}, doubled {sum(r['drain_doubled'] for r in runs)})")
+          f"{sum(r['drain_lost'] for r in runs)}, doubled {sum(r['drain_doubled'] for r in runs)}); the recorder's "
+          f"CPU per event {med['cpu_us']:.1f} us end to end, {med['drain_cpu_us']:.1f} us draining")
 
 
 if __name__ == "__main__":
