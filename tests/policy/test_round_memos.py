@@ -425,3 +425,32 @@ def test_a_kept_plans_speed_is_asked_again_once_its_model_is_refitted():
     oracle.update(ModelUpdated(model_type="gpt2", version=99, params=params, n_points=1, rmsle=0.0))
     (after,) = engine.schedule(nodes, [inp])
     assert after.plan is not None and after.plan.tp == 1 and after.plan != current
+
+
+def test_a_waiting_guarantee_works_its_minimum_out_again_when_its_types_margin_changes():
+    """A job handed the same input object as last round (a waiting job nothing happened to) takes what its request
+    means from last round after checking its model's version and its type's guarantee margins. Here the oracle's
+    margin for gpt2 grows between two rounds (its predictions overshot a measured speed by 40%): the waiting
+    guarantee's minimum is worked out again (4 GPUs met its reference by the old margin, only its whole request
+    meets it by the new one), and in every round what its request means, and every outcome, are a fresh engine's."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 8}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    holder = engine_mod.JobIn("holder", "t1", False, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                              current_plan=Plan(dp=8), running=True, priority=10)
+    waiting = engine_mod.JobIn("w", "t0", True, kind, 1, 8, 32, Plan(dp=8, zero_stage=2, offload=True))
+    seen = []
+    for overshoot in (0.0, 0.4, 0.0):
+        oracle.overshoot["gpt2"] = overshoot
+        outcomes = engine.schedule(nodes, [holder, waiting])
+        fresh = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 8}).engine
+        facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+        assert list(map(facts, outcomes)) == list(map(facts, fresh.schedule(nodes, [holder, waiting])))
+        assert engine.jobs["w"].inp is waiting and not engine.jobs["w"].g  # still waiting, over its tenant's quota
+        # what its request means, as the round took it: (CPUs per GPU, reference, curve, wanted, minimum GPUs,
+        # minimum CPUs, slope tables, the request as a plan)
+        demand, expected = engine._prepared["w"][7], fresh._prepared["w"][7]
+        assert (demand[:2], demand[3:6], demand[8]) == (expected[:2], expected[3:6], expected[8])
+        seen.append(demand[4])
+    assert seen == [4, 8, 4]
