@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from modeler.service import make_core
@@ -52,6 +53,46 @@ def test_every_best_plan_is_the_one_asking_every_plan_at_every_cpu_count_gives(n
     # and the best plan does depend on the CPUs somewhere (offload's times do), or the check above proves little
     if name in DEPENDS:
         assert any(once.best(kind, p, 1).throughput != once.best(kind, p, 12).throughput for p in places)
+
+
+@dataclass
+class Levelled:
+    """The same oracle, with every plan that runs taking the same time: plans with and without offload tie
+    everywhere, and the first listed must win, as when every plan is asked at every count."""
+
+    inner: ModelOracle
+    cpus_offload_only = True  # still true: no time depends on the CPUs
+
+    def version(self, model_type: str) -> int:
+        return self.inner.version(model_type)
+
+    def evaluate_many(self, model, global_batch, items):
+        times, plans = self.inner.evaluate_many(model, global_batch, items)
+        return np.where(np.isfinite(times) & (times > 0), 1.0, times), plans
+
+
+def test_a_tie_between_plans_with_and_without_offload_goes_to_the_plan_listed_first():
+    oracle, models = from_modeler(MODELER)
+    first = {True: 0, False: 0}  # ties the plan listed first wins, by whether it offloads
+    for name in ("gpt2", "llama7"):
+        kind = JobKind(models[name], models[name].spec.global_batch_size)
+        levelled = Levelled(oracle)
+        once, every = PlanBook(levelled), PlanBook(EveryCount(levelled))
+        places = sorted({t for g in (1, 2, 4, 8, 16) for t in trims(packed(g, 8))})
+        wanted = [(p, c) for p in places for c in (1, 6, 12)]
+        once.fill(kind, wanted)
+        every.fill(kind, wanted)
+        for place in places:
+            plans = kind.plans(place)
+            for cpg in range(1, once.max_cpus_per_gpu + 1):
+                a, b = once.best(kind, place, cpg), every.best(kind, place, cpg)
+                assert (a.throughput, a.plan, a.placement) == (b.throughput, b.plan, b.placement), (name, place, cpg)
+                if a.plan is None:
+                    continue
+                runs = np.isfinite(oracle.evaluate(kind.model, kind.global_batch, place, cpg, plans)[0])
+                if {p.offload for p, r in zip(plans, runs) if r} == {True, False}:
+                    first[a.plan.offload] += 1
+    assert first[True] and first[False]  # ties won by a plan with offload, and by one without
 
 
 @dataclass
