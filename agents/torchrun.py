@@ -8,18 +8,26 @@ wildcard address), so a single-node job would accept connections from the whole 
 served for a loopback host is handed a socket bound to 127.0.0.1 instead (`master_listen_fd`); stores for
 any other host (the first node of a multi-node job) are left as torchrun makes them. The workers' own
 sockets follow `GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME`, which the launcher sets to `lo` for a job on
-one node (`agents.plan_config.torchrun_env`). Everything else is torchrun itself.
+one node (`agents.plan_config.torchrun_env`).
+
+torchrun starts each worker in a session of its own. The agent stops a job that does not checkpoint in time with
+SIGKILL to torchrun's process group, which torchrun cannot pass on: here each worker asks the kernel for SIGKILL
+when torchrun dies (Linux), so no worker outlives its job. Everything else is torchrun itself.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
 from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+from controlplane.lifetime import die_with_parent
 
 _ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
          "master_listen_fd", "use_libuv")
@@ -49,8 +57,26 @@ class LoopbackTCPStore(dist.TCPStore):
         super().__init__(**kw)
 
 
+def _popen_dying_with_torchrun(popen):
+    """`subprocess.Popen` for torchrun's workers: each is killed when torchrun dies."""
+
+    def spawn(*args: Any, **kw: Any):
+        own, dies = kw.pop("preexec_fn", None), die_with_parent(signal.SIGKILL)
+
+        def preexec() -> None:
+            if dies is not None:
+                dies()
+            if own is not None:
+                own()
+
+        return popen(*args, preexec_fn=preexec, **kw)
+
+    return spawn
+
+
 def main(argv: list[str]) -> None:
     dist.TCPStore = LoopbackTCPStore  # type: ignore[misc]
+    subprocess_handler.Popen = _popen_dying_with_torchrun(subprocess_handler.Popen)  # type: ignore[attr-defined]
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # type: ignore[attr-defined]
     from torch.distributed.run import main as torchrun
 
