@@ -126,11 +126,9 @@ def _row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: flo
     try:
         env = _unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:
-        return (seq, _us(stored), subject, None, None, None, None, None, None, None, None, None, None, msg_id,
-                f"malformed msgpack ({type(exc).__name__})", bytes(data))
+        return _not_an_envelope(seq, subject, data, msg_id, stored, f"malformed msgpack ({type(exc).__name__})")
     if not isinstance(env, dict):
-        return (seq, _us(stored), subject, None, None, None, None, None, None, None, None, None, None, msg_id,
-                "not a msgpack map", bytes(data))
+        return _not_an_envelope(seq, subject, data, msg_id, stored, "not a msgpack map")
     get = env.get
     event_id, source, v = get("id"), get("source"), get("v")
     event_id = event_id if isinstance(event_id, str) else None
@@ -163,6 +161,11 @@ def _row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: flo
             jobs = job_id
     return (seq, _us(stored), subject, event_id, v, time, source, job_id, jobs or None, node, model_type, iter_time,
             plan, msg_id, None, bytes(data))
+
+
+def _not_an_envelope(seq: int, subject: str, data: bytes, msg_id: str | None, stored: float, error: str) -> tuple:
+    return (seq, _us(stored), subject, None, None, None, None, None, None, None, None, None, None, msg_id, error,
+            bytes(data))
 
 
 _unpackb = msgpack.unpackb
