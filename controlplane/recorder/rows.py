@@ -150,7 +150,7 @@ def _row_of(seq: int, subject: str, data: bytes, msg_id: str | None, stored: flo
     iter_time = float(it) if isinstance(it, (int, float)) and not isinstance(it, bool) else None
     plan = get("plan")
     plan = plan_code(plan) if plan is not None else None
-    decisions = get("decisions")
+    decisions = get("decisions")  # the jobs are joined by _SEP: frame() splits them into the list column
     if isinstance(decisions, list):
         jobs = _SEP.join(d["job_id"] for d in decisions if isinstance(d, dict) and isinstance(d.get("job_id"), str))
     else:
