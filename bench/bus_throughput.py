@@ -202,11 +202,14 @@ async def landed_rows(log_dir: Path, n: int, seen: Landed, timeout: float = 120.
                 continue
             try:
                 mtime, size = path.stat().st_mtime, path.stat().st_size
-                rows = pl.read_parquet(path, columns=["seq", "stored"]).filter(pl.col("seq") > seen.high)
+                every = pl.read_parquet(path, columns=["seq", "stored"])
             except (FileNotFoundError, pl.exceptions.ComputeError):  # merged away meanwhile
                 continue
-            stored = rows["stored"].dt.epoch("us").to_numpy() / 1e6  # a merge holds counted rows too: not again
-            seen.when[path], seen.size, seen.rows, seen.high = mtime, seen.size + size, seen.rows + len(stored), int(m["last"])
+            rows = every.filter(pl.col("seq") > seen.high)  # a merge holds counted rows too: not counted again
+            stored = rows["stored"].dt.epoch("us").to_numpy() / 1e6
+            seen.when[path], seen.high = mtime, int(m["last"])
+            seen.size += size * len(rows) // max(1, every.height)
+            seen.rows += len(rows)
             seen.stored.append(mtime - stored)
         await asyncio.sleep(0.02)
     return seen.rows
