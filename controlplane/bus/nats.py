@@ -356,12 +356,20 @@ class JetStreamBus(Bus):
             filter_subjects=None if list(subjects) == [">"] else list(subjects),
         )
         sub = await self.js.pull_subscribe("", stream=self.stream, config=config)
+        unavailable = 0
         try:
             while True:
                 try:
                     msgs = await sub.fetch(1000, timeout=1.0)
                 except (nats.errors.TimeoutError, asyncio.TimeoutError):
                     return
+                except nats.js.errors.ServiceUnavailableError:  # JetStream still recovering (a server restarted)
+                    unavailable += 1
+                    if unavailable > 40:  # about 10 s
+                        raise
+                    await asyncio.sleep(0.25)
+                    continue
+                unavailable = 0
                 for msg in msgs:
                     d = _delivery(msg)
                     if d.seq > end_seq:
