@@ -33,7 +33,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 import numpy as np
 
@@ -172,6 +172,14 @@ class _Job:
     idle: Outcome | None = None
     """the outcome the record last gave holding nothing: given again while it says the same (most waiting jobs'
     do, round after round)"""
+    idle_plain: bool = False
+    """whether `idle` is what a waiting job whose attempt failed at once says: queued, no GPUs free or to take"""
+    asleep: int = -1
+    """the round in which the record was last found asleep (`RubickEngine._asleep`)"""
+    listed: bool = False
+    """whether its key is in `RubickEngine._sleepers`"""
+    woke: int = -1
+    """the round in which it was last tried while asleep (`RubickEngine._wake`)"""
 
     def up(self) -> float:
         g = self.g
@@ -280,6 +288,10 @@ class RubickEngine:
     take from it. Every change costs a restart, and without a floor a stream of short jobs restarts
     a long one faster than it can run. None = twice `restart_cost_s`: at least half the time after
     a change is spent running."""
+    waiting_clock: ClassVar[bool] = False
+    """Whether a round reads the fields of `JobIn` that follow the clock (`remaining_iters`, `elapsed_s`, `changed_s`,
+    `recent_changes`, `ref_iter_s`) of a best-effort job that holds nothing. It does not: they serve the restart
+    rule, holds and deadlines, which concern running and guaranteed jobs only (`PolicyCore._inputs`)."""
     hold_backoff_s: float = 0.0
     """A job changed n times within this many seconds (`JobIn.recent_changes`) is held 2^(n-1) times
     `hold_s` (at most `MAX_HOLD_FACTOR` times): a job that keeps being shrunk and grown back, as short
@@ -336,8 +348,18 @@ class RubickEngine:
         """in the round's queue: the end of the prefix of the index a job holding nothing may shrink (-1: none) ->
         its `_node_order`, until an attempt is kept"""
         prepared, self._prepared = getattr(self, "_prepared", {}), {}
+        now = self._round_no = getattr(self, "_round_no", 0) + 1
+        fell_asleep = []
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
-            job = self.jobs[inp.job_id] = self._prepare(inp, prepared, last_round.get(inp.job_id))
+            record = last_round.get(inp.job_id)
+            if record is not None and record.inp is inp and self._asleep(record, prepared):
+                record.asleep = now  # what `_prepare` would make of it again: kept as it is
+                self.jobs[inp.job_id] = record
+                self._prepared[inp.job_id] = prepared[inp.job_id]
+                if not record.listed:
+                    fell_asleep.append(record)
+                continue
+            job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
@@ -347,13 +369,66 @@ class RubickEngine:
                 self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
+        self._list_sleepers(fell_asleep)
         self._kept = 0
         self._failed = {}
         self._scans, self._orders = {}, {}
-        for job in queue:
-            self._schedule_job(job)
+        sleepers, at = self._sleepers, 0
+        for key in queue:  # merged with the sleepers' keys, in the order one sort of all would give
+            if at < len(sleepers) and sleepers[at] < key:
+                at = self._wake(at, key)
+            self._schedule_job(key[-1])
+        self._wake(at, None)
         self._failed = None
-        return [self._finish(j) for j in self.jobs.values()]
+        return [j.idle if j.asleep == now and j.woke != now and j.idle_plain else self._finish(j)
+                for j in self.jobs.values()]
+
+    def _asleep(self, job: _Job, prepared: dict) -> bool:
+        """Whether a job's record from the last round is what `_prepare` would make of it again, and its attempt reads
+        nothing that follows the clock: a best-effort job holding nothing and asking for no minimum, whose input (the
+        same object) and model version are unchanged, and which the last round left as it found it. Such a job
+        (most of a long queue) is not made again, not sorted again (`_sleepers`), and not tried while the search
+        would fail at once (`_wake`)."""
+        inp = job.inp
+        if inp.guaranteed or inp.current or inp.running or job.g or job.g_on or job.c_on or job.mem_on or job.min_g:
+            return False
+        if job.best is not None or job.reason or job.detail or job.privileged or job.forced or job.placed is not None:
+            return False
+        held = prepared.get(job.id)
+        return held is not None and held[1] is self.book._key(inp.kind)
+
+    def _list_sleepers(self, fell_asleep: list[_Job]) -> None:
+        """`_sleepers`: the queue keys (`_sort_by_slope`) of this round's sleeping jobs, lowest first: last round's
+        list less those awake now, and those that fell asleep. A sleeper's key cannot change while it sleeps."""
+        now = self._round_no
+        keys = [k for k in getattr(self, "_sleepers", ()) if k[-1].asleep == now]
+        for job in fell_asleep:
+            job.listed = True
+        fresh = [(-job.inp.priority, -job.up(), -0.0, job.inp.order, job.id, job) for job in fell_asleep]
+        if len(fresh) < 16:
+            for k in fresh:
+                bisect.insort(keys, k)
+        else:
+            keys += fresh
+            keys.sort()
+        self._sleepers = keys
+
+    def _wake(self, at: int, until: tuple | None) -> int:
+        """Try the sleepers from `at` whose keys sort below `until` (all: None), in order, and return where the next
+        begin. A sleeper's attempt fails at once, changing nothing, where no GPU is free and it may take none
+        (`_may_gather`); then so does every sleeper after it up to `until` (their priority and slope are no higher,
+        the round's state is the same): they are passed over, with the reason `no-gpus` that attempt would give."""
+        sleepers = self._sleepers
+        end = len(sleepers) if until is None else bisect.bisect_left(sleepers, until, at)
+        now = self._round_no
+        while at < end:
+            job = sleepers[at][-1]
+            if not self._any_free() and not self._beats(job, self.lowest):
+                break
+            job.woke = now
+            self._schedule_job(job)
+            at += 1
+        return end
 
     # --- set-up ------------------------------------------------------------------------------
     def _layout(self, nodes: list[NodeCap]) -> tuple:
@@ -491,7 +566,7 @@ class RubickEngine:
             return _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
         record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
-        record.privileged = record.forced = False
+        record.privileged = record.forced = record.listed = False
         record.g, record.best, record.reason, record.placed = 0, None, "", None
         for held_on in (record.g_on, record.c_on, record.mem_on):
             if held_on:
@@ -730,14 +805,18 @@ class RubickEngine:
     def _quota_left(self, job: _Job, used: dict[str, int]) -> int:
         return self._quota(job) - used.get(job.inp.tenant, 0)
 
-    def _sort_by_slope(self) -> list[_Job]:
-        pool = [j for j in self.jobs.values() if not (j.privileged and j.g and j.reason == "guarantee")]
+    def _sort_by_slope(self) -> list[tuple]:
+        """The queue's keys, lowest first, each ending in its job: the jobs awake this round (`_asleep`), but those a
+        guarantee placed."""
+        now = self._round_no
         keyed = []
-        for j in pool:
+        for j in self.jobs.values():
+            if j.asleep == now or (j.privileged and j.g and j.reason == "guarantee"):
+                continue
             cpu = self._cpu_slope_up(j) if j.g else 0.0
             keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, j))
         keyed.sort()  # ids are unique: no comparison reaches the job itself
-        return [k[-1] for k in keyed]
+        return keyed
 
     # --- CPUs ---------------------------------------------------------------------------------
     def _cpg_of(self, job: _Job) -> int:
@@ -1553,6 +1632,8 @@ class RubickEngine:
             if last is not None and last.reason == reason and last._detail is job.detail and last.pending == pending:
                 return last
             job.idle = Outcome(job.id, {}, None, 0.0, reason, job.detail, pending)
+            job.idle_plain = (reason == "queued" and not job.detail and pending is not None and pending[0] == "no-gpus"
+                              and not pending[2])
             return job.idle
         cpg, gpus, placed = self._cpg_of(job), tuple(job.g_on.values()), job.placed
         if placed is not None and placed[0] == gpus and placed[1] == cpg:

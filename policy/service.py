@@ -362,8 +362,11 @@ class PolicyCore:
         """Every open job's `JobIn` for a round at `t`. A job that no event (but a measured iteration), decision or
         node lost touched since its input was built takes that input again, with the fields that follow the clock,
         its progress and its status brought forward (`job_in` gives the same; tests/policy/test_job_in.py checks it
-        round by round)."""
+        round by round). Where the engine says it reads none of those fields of a best-effort job that holds nothing
+        (`waiting_clock` False), such a job's input is handed over as it is: the same object, round after round,
+        which the engine may take as unchanged."""
         kept, jobs = self._kept_in, []
+        waiting_clock = getattr(self.engine, "waiting_clock", True)
         for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
             job_id = js.job_id
             inp = kept.get(job_id)
@@ -373,7 +376,7 @@ class PolicyCore:
                     continue
                 if job_id in self.order:
                     kept[job_id] = inp
-            else:
+            elif waiting_clock or inp.running or inp.guaranteed:  # else a waiting best-effort job: none of it moves
                 self._forward(inp, js, t)
             jobs.append(inp)
         return jobs
@@ -408,6 +411,8 @@ class PolicyCore:
         last, states, new = self.last, self.state.jobs, []
         for o in outcomes:  # most repeat the last round's: only the others are sorted (a job's id is in one)
             prev = last.get(o.job_id)
+            if prev is o:  # the engine gave the same outcome object again (a waiting job's)
+                continue
             if prev is None:
                 if not o.shares and not states[o.job_id].decided_allocation:
                     last[o.job_id] = o

@@ -1,7 +1,8 @@
 """The round's memos change no decision: a busy cluster driven through the policy core (holds on, as a
 deployed core runs, guarantees and best-effort jobs, completions, arrivals, the agents' answers, measured
-iterations and a refit), once as it runs and once with the memos off (and every job's record of a round made
-new, not the last round's made again), publishes the same events byte for byte."""
+iterations and a refit), once as it runs and once with the memos off (every job's record of a round made
+new, not the last round's made again or kept asleep, and every waiting job tried), publishes the same events
+byte for byte."""
 
 from __future__ import annotations
 
@@ -103,11 +104,22 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
-    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0}
+    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
     real_prepare = engine_mod.RubickEngine._prepare
+    real_asleep = engine_mod.RubickEngine._asleep
+    real_attempt = engine_mod.RubickEngine._schedule_job
+
+    def asleep(self, job, prepared):
+        kept = real_asleep(self, job, prepared)
+        calls["asleep"] += kept
+        return kept
+
+    def attempt(self, job, jr=None, only=None):
+        calls["attempts"] += 1
+        return real_attempt(self, job, jr, only)
 
     def prepared(self, inp, memo=None, record=None):
         calls["reused"] += record is not None  # the job's record of the last round, made again in place
@@ -134,8 +146,10 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", watched)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", ordered)
     monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", prepared)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", asleep)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempt)
     with_memos, core = drive(seed)
-    memo_calls, held, orders = calls["candidates"], calls["held"], calls["orders"]
+    memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
     def no_memo(self, node, job, limit, memo=None):
         return watched(self, node, job, limit, None)
@@ -145,7 +159,9 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", lambda self, job, memo=None: ordered(self, job))
     monkeypatch.setattr(engine_mod.RubickEngine, "_prepare",  # every record new, nothing from the last round
                         lambda self, inp, memo=None, record=None: real_prepare(self, inp))
-    calls["candidates"] = calls["orders"] = 0
+    monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", lambda self, job, prepared: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "waiting_clock", True)  # every input brought forward
+    calls["candidates"] = calls["orders"] = calls["attempts"] = 0
     without, _ = drive(seed)
 
     decided = [b for b in with_memos if b"plan.decided" in b]
@@ -154,6 +170,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert memo_calls < calls["candidates"]  # and later searches in the round read it from the memo
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert calls["reused"] > 100  # and rounds made the last round's records again
+    assert calls["asleep"] > 100  # or kept waiting jobs' records as they were
+    assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
     assert with_memos == without
 
 
