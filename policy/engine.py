@@ -349,22 +349,35 @@ class RubickEngine:
         its `_node_order`, until an attempt is kept"""
         prepared, self._prepared = getattr(self, "_prepared", {}), {}
         now = self._round_no = getattr(self, "_round_no", 0) + 1
-        fell_asleep = []
+        fell_asleep: list[_Job] = []
+        self._awake: list[_Job] = []
+        """this round's jobs but the sleepers, in the order of `jobs`"""
+        versions: dict[int, tuple] = {}
+        """id of a kind -> its memo key (`PlanBook._key`), for this round"""
         for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
-            record = last_round.get(inp.job_id)
-            if record is not None and record.inp is inp and self._asleep(record, prepared):
-                record.asleep = now  # what `_prepare` would make of it again: kept as it is
-                self.jobs[inp.job_id] = record
-                self._prepared[inp.job_id] = prepared[inp.job_id]
-                if not record.listed:
-                    fell_asleep.append(record)
-                continue
-            job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
+            job_id = inp.job_id
+            record = last_round.get(job_id)
+            if record is not None and record.inp is inp and (
+                    (record.asleep == now - 1 and record.woke != now - 1) or self._asleep(record)):
+                kind = inp.kind  # asleep through the last round and not tried: nothing touched it
+                version = versions.get(id(kind))
+                if version is None:
+                    version = versions[id(kind)] = self.book._key(kind)
+                held = prepared.get(job_id)
+                if held is not None and held[1] is version:  # no refit of its model since it was made
+                    record.asleep = now  # what `_prepare` would make of it again: kept as it is
+                    self.jobs[job_id] = record
+                    self._prepared[job_id] = held
+                    if not record.listed:
+                        fell_asleep.append(record)
+                    continue
+            job = self.jobs[job_id] = self._prepare(inp, prepared, record)
+            self._awake.append(job)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
         self._place_current()
-        for job in self.jobs.values():
+        for job in self._awake:
             if job.g:  # one holding nothing has no key to list (the index is new this round)
                 self._reindex(job)
         self._privileged()
@@ -383,19 +396,17 @@ class RubickEngine:
         return [j.idle if j.asleep == now and j.woke != now and j.idle_plain else self._finish(j)
                 for j in self.jobs.values()]
 
-    def _asleep(self, job: _Job, prepared: dict) -> bool:
-        """Whether a job's record from the last round is what `_prepare` would make of it again, and its attempt reads
-        nothing that follows the clock: a best-effort job holding nothing and asking for no minimum, whose input (the
-        same object) and model version are unchanged, and which the last round left as it found it. Such a job
+    def _asleep(self, job: _Job) -> bool:
+        """Whether a job's record from the last round is what `_prepare` would make of it again (while its model is not
+        refitted), and its attempt reads nothing that follows the clock: a best-effort job holding nothing and asking
+        for no minimum, whose input is the same object, and which the last round left as it found it. Such a job
         (most of a long queue) is not made again, not sorted again (`_sleepers`), and not tried while the search
         would fail at once (`_wake`)."""
         inp = job.inp
         if inp.guaranteed or inp.current or inp.running or job.g or job.g_on or job.c_on or job.mem_on or job.min_g:
             return False
-        if job.best is not None or job.reason or job.detail or job.privileged or job.forced or job.placed is not None:
-            return False
-        held = prepared.get(job.id)
-        return held is not None and held[1] is self.book._key(inp.kind)
+        return not (job.best is not None or job.reason or job.detail or job.privileged or job.forced
+                    or job.placed is not None)
 
     def _list_sleepers(self, fell_asleep: list[_Job]) -> None:
         """`_sleepers`: the queue keys (`_sort_by_slope`) of this round's sleeping jobs, lowest first: last round's
@@ -609,7 +620,7 @@ class RubickEngine:
 
     def _place_current(self) -> None:
         nodes, free_g, free_c, free_m, on_node = self.nodes, self.free_g, self.free_c, self.free_m, self.on_node
-        for job in self.jobs.values():
+        for job in self._awake:
             current = job.inp.current
             if not current:
                 continue
@@ -648,7 +659,7 @@ class RubickEngine:
         before, or its placement is too fragmented) is placed again as a privileged job."""
         used: dict[str, int] = {}
         retry: set[str] = set()  # ids: a job is no other's equal, and comparing dataclasses field by field is slow
-        for job in self.jobs.values():
+        for job in self._awake:
             if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
                 continue
             place = canonical(tuple(job.g_on.values()))
@@ -660,7 +671,7 @@ class RubickEngine:
                 self._reindex(job)
             else:
                 retry.add(job.id)
-        for job in self.jobs.values():
+        for job in self._awake:
             if not job.inp.guaranteed or (job.g and job.id not in retry):
                 continue
             if self._quota_left(job, used) < job.min_g:
@@ -687,7 +698,7 @@ class RubickEngine:
                 job.privileged = False
                 job.detail = {"guarantee": "no placement meets it this round"}
                 self._best_effort(job)
-        for job in self.jobs.values():
+        for job in self._awake:
             if job.inp.guaranteed and not job.privileged:
                 self._best_effort(job)
         self._quota_used = used
@@ -808,10 +819,9 @@ class RubickEngine:
     def _sort_by_slope(self) -> list[tuple]:
         """The queue's keys, lowest first, each ending in its job: the jobs awake this round (`_asleep`), but those a
         guarantee placed."""
-        now = self._round_no
         keyed = []
-        for j in self.jobs.values():
-            if j.asleep == now or (j.privileged and j.g and j.reason == "guarantee"):
+        for j in self._awake:
+            if j.privileged and j.g and j.reason == "guarantee":
                 continue
             cpu = self._cpu_slope_up(j) if j.g else 0.0
             keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, j))

@@ -109,13 +109,12 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
     real_prepare = engine_mod.RubickEngine._prepare
-    real_asleep = engine_mod.RubickEngine._asleep
+    real_list = engine_mod.RubickEngine._list_sleepers
     real_attempt = engine_mod.RubickEngine._schedule_job
 
-    def asleep(self, job, prepared):
-        kept = real_asleep(self, job, prepared)
-        calls["asleep"] += kept
-        return kept
+    def listed(self, fell_asleep):
+        real_list(self, fell_asleep)
+        calls["asleep"] += len(self._sleepers)
 
     def attempt(self, job, jr=None, only=None):
         calls["attempts"] += 1
@@ -146,7 +145,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", watched)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", ordered)
     monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", prepared)
-    monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", asleep)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_list_sleepers", listed)
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempt)
     with_memos, core = drive(seed)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
@@ -159,7 +158,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", lambda self, job, memo=None: ordered(self, job))
     monkeypatch.setattr(engine_mod.RubickEngine, "_prepare",  # every record new, nothing from the last round
                         lambda self, inp, memo=None, record=None: real_prepare(self, inp))
-    monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", lambda self, job, prepared: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", lambda self, job: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "waiting_clock", True)  # every input brought forward
     calls["candidates"] = calls["orders"] = calls["attempts"] = 0
     without, _ = drive(seed)
@@ -170,7 +169,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert memo_calls < calls["candidates"]  # and later searches in the round read it from the memo
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert calls["reused"] > 100  # and rounds made the last round's records again
-    assert calls["asleep"] > 100  # or kept waiting jobs' records as they were
+    assert calls["asleep"] > 100  # or kept waiting jobs' records as they were, asleep
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
     assert with_memos == without
 
