@@ -118,6 +118,10 @@ class PolicyCore:
     _caps: tuple | None = field(default=None, repr=False)
     """(the state's live nodes, the engine's `NodeCap` of each): made again only when the live nodes change, so a
     round hands the engine the same node objects (`RubickEngine._layout` then reads them at once)"""
+    _holding: set = field(default_factory=set, repr=False)
+    """jobs whose last decision gave them resources (`last` with shares): the only ones `_count_free` reads"""
+    _stopped: set = field(default_factory=set, repr=False)
+    """jobs cancelled or suspended by their owner whose resources a round may still have to withdraw"""
     _kept_in: dict = field(default_factory=dict, repr=False)
     """job -> its `JobIn` as last built. While nothing happens to the job only the fields that follow the clock, its
     measured progress and its status change, so the next round takes the same object with those brought forward
@@ -144,6 +148,8 @@ class PolicyCore:
             self._kept_in.clear()  # an event about no one job that may change some (a node lost stops its jobs)
         if base not in KEEPS_FREE:
             self._free = None
+        if base in ("job.cancel", "job.suspend"):
+            self._stopped.add(about)
         out: list[Event] = []
         if base == "job.submitted":
             job = self.state.jobs.get(event.payload.job_id)
@@ -197,6 +203,7 @@ class PolicyCore:
         for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
                       self._job_kinds, self._kept_in):
             table.pop(job_id, None)
+        self._holding.discard(job_id)
 
     def _may_wait(self, event: Event) -> bool:
         """Whether a round-triggering event may wait for the next round (see Batching above)."""
@@ -220,7 +227,7 @@ class PolicyCore:
     def _count_free(self) -> int:
         alive = {n.node: n.gpus for n in self.state.alive_nodes()}
         used = 0
-        for job_id in self.last:
+        for job_id in self._holding:  # a job holds what it was decided only while its last decision gave it some
             job = self.state.jobs.get(job_id)
             if job is not None and job.status in ("queued", "running", "preempted"):
                 used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
@@ -421,8 +428,13 @@ class PolicyCore:
                 continue
             new.append((o.job_id, o, prev))
         new.sort(key=lambda x: x[0])
+        holding = self._holding
         for _, o, prev in new:
             self.last[o.job_id] = o
+            if o.shares:
+                holding.add(o.job_id)
+            else:
+                holding.discard(o.job_id)
             self._kept_in.pop(o.job_id, None)
             self.changed_at[o.job_id] = event.time
             if prev is not None and prev.shares:  # a change of what it runs on, not its first start
@@ -493,9 +505,10 @@ class PolicyCore:
         (the agents checkpoint and stop them)."""
         states, last = self.state.jobs, self.last
         out = []
-        for job_id in sorted(j for j in last if (job := states.get(j)) is not None and job.status in WITHDRAWN
-                             and last[j].shares):
+        for job_id in sorted(j for j in self._stopped if (job := states.get(j)) is not None
+                             and job.status in WITHDRAWN and j in last and last[j].shares):
             out.append(Outcome(job_id, {}, None, 0.0, WITHDRAWN[states[job_id].status], {}))
+        self._stopped = {o.job_id for o in out}  # the others hold nothing, or were resumed: a new request adds them
         return out
 
     def explain(self, job_id: str, t: float | None = None) -> dict:
