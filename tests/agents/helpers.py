@@ -1,4 +1,5 @@
-"""Helpers for the agent tests: an agent process, a live event watcher, events to publish."""
+"""Helpers for the agent tests: an agent process, a live event watcher, events to publish, the training processes a
+test started, and one job launched by a local launcher."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from agents.core import Launch
+from agents.launcher import LocalLauncher, read_json
+from agents.plan_check import JobInfo
 from controlplane.events import (Decision, Event, Invalid, JobSubmitted, ModelRef, NodeShare, Plan, PlanDecided,
                                  Resources, decode, encode, make)
+from controlplane.lifetime import cmdline, pids_running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,3 +113,45 @@ async def publish(bus, subject: str, payload) -> Event:
 
 async def decide(bus, *decisions: Decision, subject: str = "plan.decided.n0", round: int = 1) -> Event:
     return await publish(bus, subject, PlanDecided(round=round, policy="test", decisions=tuple(decisions)))
+
+
+# --- training processes started here, and one job launched by a local launcher ----------------------------
+def started_here(tmp: Path) -> list[int]:
+    """Processes whose command line names a path under `tmp` (the benchmark's torchrun and trainers)."""
+    return pids_running(lambda args: any(str(tmp) in a for a in args))
+
+
+def trainers(tmp: Path) -> list[int]:
+    """The training processes torchrun started (not torchrun itself)."""
+    return [p for p in started_here(tmp) if "train.py" in " ".join(cmdline(p)) and "agents.torchrun" not in cmdline(p)]
+
+
+def wait_until(what, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def launch(launcher: LocalLauncher, attempt: int) -> None:
+    share = NodeShare(node="n0", gpus=1, cpus=1)
+    launcher.launch(Launch(job=JobInfo("lease-job", "example", 4, 1_000_000), plan=Plan(dp=1), allocation=(share,),
+                           share=share, attempt=attempt, devices=(0,), cpu_cores=()))
+
+
+def status(launcher: LocalLauncher) -> dict:
+    return read_json(launcher.job_dir("lease-job") / "status.json") or {}
+
+
+def poll_until(launcher: LocalLauncher, what, timeout: float = 180.0, polling: bool = True) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if polling:
+            launcher.poll()
+        st = status(launcher)
+        if what(st):
+            return st
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; status {status(launcher)}")

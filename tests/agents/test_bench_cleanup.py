@@ -7,35 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from controlplane.lifetime import cmdline, pids_running
+from .helpers import started_here, trainers, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def started_here(tmp: Path) -> list[int]:
-    """Processes whose command line names a path under `tmp` (the benchmark's torchrun and trainers)."""
-    return pids_running(lambda args: any(str(tmp) in a for a in args))
-
-
-def trainers(tmp: Path) -> list[int]:
-    """The training processes torchrun started (not torchrun itself)."""
-    return [p for p in started_here(tmp) if "train.py" in " ".join(cmdline(p)) and "agents.torchrun" not in cmdline(p)]
-
-
-def wait_until(what, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "kill-9"])

@@ -11,8 +11,7 @@ import pytest
 
 from agents.launcher import LocalLauncher
 
-from .test_bench_cleanup import started_here, trainers, wait_until
-from .test_lease import launch, poll_until
+from .helpers import launch, poll_until, started_here, trainers, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.core import Launch
-from agents.launcher import LocalLauncher, read_json
-from agents.plan_check import JobInfo
-from controlplane.events import NodeShare, Plan
+from agents.launcher import LocalLauncher
 from agents import checkpoint
+
+from .helpers import launch, poll_until, status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -62,28 +61,6 @@ def group_pids(pgid: int) -> set[int]:
             except OSError:
                 continue
     return pids
-
-
-def launch(launcher: LocalLauncher, attempt: int) -> None:
-    share = NodeShare(node="n0", gpus=1, cpus=1)
-    launcher.launch(Launch(job=JobInfo("lease-job", "example", 4, 1_000_000), plan=Plan(dp=1), allocation=(share,),
-                           share=share, attempt=attempt, devices=(0,), cpu_cores=()))
-
-
-def status(launcher: LocalLauncher) -> dict:
-    return read_json(launcher.job_dir("lease-job") / "status.json") or {}
-
-
-def poll_until(launcher: LocalLauncher, what, timeout: float = 180.0, polling: bool = True) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if polling:
-            launcher.poll()
-        st = status(launcher)
-        if what(st):
-            return st
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; status {status(launcher)}")
 
 
 def test_a_job_left_alone_checkpoints_when_its_lease_runs_out_and_a_later_launch_resumes(tmp_path):
