@@ -354,7 +354,8 @@ class RubickEngine:
         """this round's jobs but the sleepers, in the order of `jobs`"""
         versions: dict[int, tuple] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
-        for inp in sorted(jobs, key=lambda j: (-j.priority, j.order, j.job_id)):
+        awake = []
+        for inp in jobs:  # the sleepers first, in the order given (nothing reads their order); the rest sorted below
             job_id = inp.job_id
             record = last_round.get(job_id)
             if record is not None and record.inp is inp and (
@@ -371,7 +372,10 @@ class RubickEngine:
                     if not record.listed:
                         fell_asleep.append(record)
                     continue
-            job = self.jobs[job_id] = self._prepare(inp, prepared, record)
+            awake.append((-inp.priority, inp.order, job_id, inp, record))
+        awake.sort(key=lambda a: a[:3])
+        for *_, inp, record in awake:
+            job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
                 job.want_g = max(1, job.min_g)
