@@ -452,11 +452,15 @@ class PolicyCore:
             out.append(decided)
         if not self.reasons:
             return out
-        for job_id in [j for j in self.pending if j not in pending_now and j not in self.state.open_jobs]:
-            del self.pending[job_id]  # over, suspended or cancelled: it leaves the set without a word
-        pending = self.pending
+        pending, open_jobs = self.pending, self.state.open_jobs
+        cleared = []
+        for job_id in [j for j in pending if j not in pending_now]:
+            if job_id in open_jobs:
+                cleared.append(job_id)
+            else:
+                del pending[job_id]  # over, suspended or cancelled: it leaves the set without a word
         changed = {j: p for j, p in pending_now.items() if pending.get(j) is not p and pending.get(j) != p}
-        cleared = sorted(j for j in self.pending if j not in pending_now)
+        cleared.sort()
         return out + self._publish_pending(event, changed, cleared)
 
     def _pending_of(self, outcomes: list[Outcome], jobs: list[JobIn]) -> dict[str, Pending]:
