@@ -351,7 +351,7 @@ class RubickEngine:
         now = self._round_no = getattr(self, "_round_no", 0) + 1
         fell_asleep: list[_Job] = []
         self._awake: list[_Job] = []
-        """this round's jobs but the sleepers, in the order of `jobs`"""
+        """this round's jobs but the sleepers, by priority (highest first), then submission order"""
         versions: dict[int, tuple] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
         awake = []
