@@ -373,15 +373,22 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_free_gpus_kept_between_events_are_those_counted_again(monkeypatch, seed):
     """A submission that may wait for the next round asks how many GPUs no decision holds (`_free_gpus`); the
-    count is kept until an event that may change it. Each time it is asked, it equals a count made then."""
+    count is kept until an event that may change it, and made over the jobs whose last decision gave them GPUs.
+    Each time it is asked, it equals a count made then over every open job."""
     from policy import service as service_mod
     real = service_mod.PolicyCore._free_gpus
     seen = {"asked": 0, "kept": 0}
 
+    def every_job(core) -> int:
+        alive = {n.node: n.gpus for n in core.state.alive_nodes()}
+        return sum(alive.values()) - sum(s.gpus for j in core.state.jobs.values()
+                                         if j.status in ("queued", "running", "preempted")
+                                         for s in j.decided_allocation if s.node in alive)
+
     def checked(self):
         seen["kept"] += self._free is not None
         got = real(self)
-        assert got == self._count_free()
+        assert got == self._count_free() == every_job(self)
         seen["asked"] += 1
         return got
 
