@@ -354,7 +354,7 @@ class RubickEngine:
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
         versions: dict[int, tuple] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
-        awake = []
+        to_make = []
         for inp in jobs:  # the sleepers first, in the order given (nothing reads their order); the rest sorted below
             job_id = inp.job_id
             record = last_round.get(job_id)
@@ -372,9 +372,9 @@ class RubickEngine:
                     if not record.listed:
                         fell_asleep.append(record)
                     continue
-            awake.append((-inp.priority, inp.order, job_id, inp, record))
-        awake.sort(key=lambda a: a[:3])
-        for *_, inp, record in awake:
+            to_make.append((-inp.priority, inp.order, job_id, inp, record))
+        to_make.sort(key=lambda a: a[:3])
+        for *_, inp, record in to_make:
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
