@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -202,7 +203,7 @@ def fitted_params(models: Mapping[str, ModelType], env: Environment, *, cache_di
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes filling the cache at once
             tmp.write_text(json.dumps(out, sort_keys=True))
             tmp.replace(path)
         except OSError:
@@ -211,8 +212,6 @@ def fitted_params(models: Mapping[str, ModelType], env: Environment, *, cache_di
 
 
 def default_cache_dir() -> Path:
-    import os
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "rubick"
 
