@@ -10,8 +10,8 @@ an input. The first difference stops the check; it is reported with both version
 just before it.
 
 Each core's answers depend only on the log, so the cores can be checked in processes of their own
-(`jobs`, Linux: forked after the log is read) and their first differences merged: the result is the
-same as a check in one process.
+(`jobs`, Linux: forked once the cores are built and the log's rows read, each decoding them itself) and their
+first differences merged: the result is the same as a check in one process.
 
 A missing, unreadable or extra file, or a file whose bytes differ from the run's manifest (run.json's
 `files`, else the recorder's `manifest-<stream>.jsonl`: `controlplane.eventlog.check`), is reported by
@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from controlplane.eventlog import check, scan
 from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
+from controlplane.events.catalog import UnknownSubject, base_subject
 from controlplane.bus.base import Delivery, matches_any
 from controlplane.service import answers
 
@@ -95,21 +96,41 @@ def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult,
                   undecodable: dict[int, tuple[str, bytes, Invalid]] | None = None) -> list[tuple[int, Event, bytes]]:
     """The recorded events in sequence order, up to the first gap or undecodable row. With
     `undecodable` (a live run), an undecodable row is put there by sequence and the walk goes on."""
-    listed = {f["name"]: f for f in run.get("files", [])}
+    return decode_rows(read_rows(log_dir, run, result), result, undecodable)
+
+
+def read_rows(log_dir: Path, run: dict[str, Any], result: VerifyResult) -> tuple[list[tuple[int, str, bytes]], int]:
+    """(the log's rows as (sequence, subject, bytes), in sequence order; the last sequence the run's files list),
+    after comparing the files with the run's manifest (`controlplane.eventlog.check`)."""
     for path, why in check(log_dir, run.get("files")):
         result.problems.append(f"{path.name}: {why}")
     logscan = scan(log_dir, ["subject", "data"])
     for path, why in logscan.problems:
         result.problems.append(f"{path.name}: {why}")
-    frame = logscan.frame.sort("seq")
-    out: list[tuple[int, Event, bytes]] = []
+    rows = logscan.frame.sort("seq").select("seq", "subject", "data").rows()
+    return rows, max((f["last_seq"] for f in run.get("files", [])), default=0)
+
+
+def decode_rows(read: tuple[list[tuple[int, str, bytes]], int], result: VerifyResult,
+                undecodable: dict[int, tuple[str, bytes, Invalid]] | None = None,
+                passed: Callable[[str, bytes], _Passed | None] | None = None) -> list[tuple[int, Any, bytes]]:
+    """`load_recorded` of the rows `read_rows` read. `passed` (a child's check, `_passer`): a row it answers for is
+    not decoded, its `_Passed` stands in for the event."""
+    rows, last = read
+    out: list[tuple[int, Any, bytes]] = []
     expect = 1
-    for seq, subject, data in frame.select("seq", "subject", "data").iter_rows():
+    for seq, subject, data in rows:
         if seq != expect:
             result.unchecked_from_seq = expect
             result.problems.append(f"events {expect}..{seq - 1} are not in the log: nothing from event {expect} "
                                    "on can be checked")
             break
+        if passed is not None:
+            stand_in = passed(subject, data)
+            if stand_in is not None:
+                out.append((seq, stand_in, data))
+                expect += 1
+                continue
         try:
             out.append((seq, decode(data, subject), data))
         except Invalid as exc:
@@ -122,11 +143,47 @@ def load_recorded(log_dir: Path, run: dict[str, Any], result: VerifyResult,
                                    "checked")
             break
         expect += 1
-    last = max((f["last_seq"] for f in listed.values()), default=0)
     if result.unchecked_from_seq is None and expect <= last:
         result.unchecked_from_seq = expect
         result.problems.append(f"events {expect}..{last} of the run are not in the log: not checked")
     return out
+
+
+class _Passed:
+    """In a child's check, a row none of its cores reads or answered: what `_walk` reads of an event (its base
+    subject, its source and time), from the envelope alone, not decoded and not validated."""
+
+    __slots__ = ("base", "source", "time")
+
+    def __init__(self, base: str, source: str, time: Any) -> None:
+        self.base, self.source, self.time = base, source, time
+
+
+def _passer(cores: list[Any], sources: dict[str, list[str]]) -> Callable[[str, bytes], _Passed | None]:
+    """For a child checking `cores`: a row's `_Passed`, where no core of them subscribes to its subject and its
+    envelope's source is none of theirs (no answer of theirs to compare); None where the row is to be decoded (as
+    is every row whose envelope cannot be read: its failure is this process's to report, and the walk of the
+    child stops where this process's does, `verify`)."""
+    own = {src for c in cores for src in sources.get(c.name, [])}
+    routed: dict[str, bool] = {}
+
+    def passed(subject: str, data: bytes) -> _Passed | None:
+        try:
+            base = base_subject(subject)
+            obj = unpack(data)
+        except (UnknownSubject, Invalid):
+            return None
+        if not isinstance(obj, dict):
+            return None
+        source = obj.get("source")
+        if not isinstance(source, str) or source in own or obj.get("subject") != subject:
+            return None
+        hit = routed.get(base)
+        if hit is None:
+            hit = routed[base] = any(matches_any(c.subjects, base) for c in cores)
+        return None if hit else _Passed(base, source, obj.get("time"))
+
+    return passed
 
 
 @dataclass
@@ -200,16 +257,26 @@ def _walk(stream: _Stream, cores: list[Any], progress: Callable[[int, int, float
 
 
 def _weight(core: Any) -> int:
-    """How long a core's check takes, roughly: the policy's rounds, then the modeler's refits."""
-    return {"policy": 3, "modeler": 2}.get(core.name, 1)
+    """How long a core's check takes, roughly: the modeler's refits (with, in a process of its own, the import of the
+    least-squares fit), then the policy's rounds."""
+    return {"modeler": 4, "policy": 3}.get(core.name, 1)
 
 
 def _groups(cores: list[Any], jobs: int) -> list[list[Any]]:
-    """At most `jobs` groups of cores, the heaviest first, each core to the lightest group so far."""
-    groups: list[list[Any]] = [[] for _ in range(max(1, min(jobs, len(cores))))]
-    for core in sorted(cores, key=_weight, reverse=True):
+    """At most `jobs` groups of cores. The others are spread by `_weight`, the heaviest first, each core to the
+    lightest group so far. The first group is checked in this process, which decodes every event (it reports on all
+    of them; a child decodes only what its cores read, `_passer`): there go the lightest group, and the cores that
+    read every subject (admission)."""
+    every = [c for c in cores if ">" in c.subjects]
+    rest = [c for c in cores if ">" not in c.subjects]
+    if jobs <= 1 or len(rest) <= 1:
+        return [list(cores)]
+    groups: list[list[Any]] = [[] for _ in range(min(jobs, len(rest)))]
+    for core in sorted(rest, key=_weight, reverse=True):
         min(groups, key=lambda g: sum(map(_weight, g))).append(core)
-    return [sorted(g, key=cores.index) for g in groups if g] or [[]]
+    groups.sort(key=lambda g: sum(map(_weight, g)))
+    groups[0] = every + groups[0]
+    return [sorted(g, key=cores.index) for g in groups]
 
 
 def default_jobs() -> int:
@@ -220,9 +287,9 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _child(conn: Any, stream: _Stream, cores: list[Any]) -> None:
+def _child(conn: Any, load: Callable[[list[Any]], _Stream], cores: list[Any]) -> None:
     try:
-        answer: tuple[str, Any] = ("ok", _walk(stream, cores))
+        answer: tuple[str, Any] = ("ok", _walk(load(cores), cores))
     except BaseException as exc:  # handed to the parent, which raises it
         text = traceback.format_exc()
         try:
@@ -234,19 +301,22 @@ def _child(conn: Any, stream: _Stream, cores: list[Any]) -> None:
     conn.close()
 
 
-def _walk_apart(stream: _Stream, groups: list[list[Any]],
-                progress: Callable[[int, int, float], None] | None = None) -> list[_Walk]:
-    """The first group in this process (told to `progress`), each other one in a forked child (which
-    inherits the decoded log and the built cores, so nothing is read or built twice)."""
+def _walk_apart(load: Callable[[list[Any] | None], _Stream], groups: list[list[Any]],
+                progress: Callable[[int, int, float], None] | None = None) -> tuple[_Stream, list[_Walk]]:
+    """The first group in this process (told to `progress`), each other one in a forked child. The children are
+    forked before the log's rows are decoded: each decodes those its cores read on its own (`load(group)`), side by
+    side with this process (`load(None)`: all of them), and what a core imports on its first use (the modeler's
+    least-squares fit) is imported there meanwhile. Returns this process's stream and the walks, in the order of `groups`."""
     ctx = multiprocessing.get_context("fork")
     children = []
     try:
         for group in groups[1:]:
             recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(send, stream, group), daemon=True)
+            proc = ctx.Process(target=_child, args=(send, load, group), daemon=True)
             proc.start()
             send.close()
             children.append((group, proc, recv))
+        stream = load(None)
         walks = [_walk(stream, groups[0], progress)]
         for group, proc, recv in children:
             names = ", ".join(c.name for c in group)
@@ -261,7 +331,7 @@ def _walk_apart(stream: _Stream, groups: list[list[Any]],
                 exc.add_note(f"raised while checking the {names} core(s), in a child process:\n{text}")
                 raise exc
             walks.append(value)
-        return walks
+        return stream, walks
     finally:
         for _, proc, recv in children:
             recv.close()
@@ -315,16 +385,32 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
     undecodable: dict[int, tuple[str, bytes, Invalid]] | None = {} if result.live else None
     consumed = run.get("consumed") if result.live else None
     limit = {c.name: int(consumed.get(c.name, 0)) for c in cores} if consumed is not None else None
-    recorded = load_recorded(log_dir, run, result, undecodable)
-    result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
-    stream = _Stream(recorded, limit, undecodable, result.live, run["sources"])
+    read = read_rows(log_dir, run, result)  # before any fork: the log's reader runs threads of its own
+
+    def load(group: list[Any] | None) -> _Stream:
+        """The stream this process walks (`group` None: every row decoded, the result told), or a child's."""
+        if group is None:
+            return _Stream(decode_rows(read, result, undecodable), limit, undecodable, result.live, run["sources"])
+        bad = {} if result.live else None  # a live run's undecodable rows are inputs: every one decoded
+        passed = None if result.live else _passer(group, run["sources"])
+        return _Stream(decode_rows(read, VerifyResult(), bad, passed), limit, bad, result.live, run["sources"])
+
     groups = _groups(cores, default_jobs() if jobs is None else jobs)
-    walks = [_walk(stream, groups[0], progress)] if len(groups) == 1 else _walk_apart(stream, groups, progress)
+    if len(groups) == 1:
+        stream = load(None)
+        walks = [_walk(stream, groups[0], progress)]
+    else:
+        stream, walks = _walk_apart(load, groups, progress)
+    recorded = stream.recorded
+    result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
     if progress is not None and recorded:
         progress(len(recorded), len(recorded), recorded[-1][1].time)
     result.processes = len(groups)
 
-    first = min((w.divergence for w in walks if w.divergence is not None), key=lambda d: d[0], default=None)
+    # a child decodes only what its cores read: where this process stopped at a row it could not decode, the child
+    # may have walked on; what it found past that row is not the check's
+    first = min((w.divergence for w in walks if w.divergence is not None and w.divergence[0] < len(recorded)),
+                key=lambda d: d[0], default=None)
     fed = len(recorded) if first is None else first[0]
     for w in walks:
         for i, base in w.checked:

@@ -211,9 +211,9 @@ def _as_compared(result):
 
 @pytest.mark.parametrize("first", ["model.updated", "plan.decided"])
 def test_cores_checked_in_parallel_processes_give_the_result_of_one(recorded, tmp_path, first):
-    """Each core's check runs in a process of its own (the policy here, the modeler and the admission
-    core in forked children); a difference in each of two cores is planted, and the one earlier in the
-    stream is reported, with the same counts and context as a check in one process."""
+    """The cores are checked in processes of their own (the policy and the admission core here, the modeler in a
+    forked child); a difference in each of two cores is planted, and the one earlier in the stream is reported,
+    with the same counts and context as a check in one process."""
     d = copy_log(recorded, tmp_path)
     frame = pl.read_parquet(sorted(d.glob("*.parquet"))[0])
     updated = frame.filter(pl.col("subject") == "model.updated")["seq"].to_list()
@@ -228,6 +228,32 @@ def test_cores_checked_in_parallel_processes_give_the_result_of_one(recorded, tm
                                                                             "plan.decided": "policy"}[first]
     for jobs in (2, 3):
         assert _as_compared(verify(d, jobs=jobs)) == _as_compared(one)
+
+
+def test_a_row_only_this_process_decodes_stops_the_childs_check_where_it_stops(recorded, tmp_path):
+    """A child decodes only the rows its cores read (the modeler: no clock tick). A tick that is not a valid event
+    stops the check there, before a planted difference in the modeler's answers: the child walks past the tick,
+    finds that difference, and it is not reported, as a check in one process does not reach it."""
+    import msgpack
+
+    d = copy_log(recorded, tmp_path)
+    [path] = sorted(d.glob("*.parquet"))
+    frame = pl.read_parquet(path)
+    updated = frame.filter(pl.col("subject") == "model.updated")["seq"].to_list()
+    ticks = frame.filter((pl.col("subject") == "clock.tick") & (pl.col("seq") < updated[0]))["seq"].to_list()
+    assert updated and ticks, "the recorded run has no refit after a tick"
+    _change_answers(d, {"model.updated": (0, "rmsle", lambda r: r + 1.0)})
+    frame = pl.read_parquet(path)
+    data = frame["data"].to_list()
+    tick = msgpack.unpackb(data[ticks[-1] - 1])
+    tick["data"]["planted"] = 1  # an unknown field: the whole event is refused
+    data[ticks[-1] - 1] = msgpack.packb(tick)
+    frame.with_columns(pl.Series("data", data, dtype=pl.Binary)).write_parquet(path)
+    one = verify(d, jobs=1)
+    assert one.divergence is None and one.unchecked_from_seq == ticks[-1], format_result(one, d)
+    two = verify(d, jobs=2)
+    assert two.processes == 2 and _as_compared(two) == _as_compared(one)
+    assert verify(d, jobs=2, only=("modeler",)).unchecked_from_seq == ticks[-1]
 
 
 def test_a_clean_log_checked_in_parallel_processes_checks_every_answer(recorded):
@@ -272,7 +298,7 @@ def test_a_child_process_that_dies_is_reported_not_waited_for(recorded, monkeypa
     from modeler.service import ModelerCore
 
     monkeypatch.setattr(ModelerCore, "handle", lambda self, event: os._exit(7))
-    with pytest.raises(RuntimeError, match=r"check of the admission, modeler core\(s\) stopped without an answer "
+    with pytest.raises(RuntimeError, match=r"check of the modeler core\(s\) stopped without an answer "
                                            r"\(exit code 7\)"):
         verify(recorded[0] / "events", jobs=2)
     with pytest.raises(ValueError, match="jobs must be at least 1"):
