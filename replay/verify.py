@@ -10,8 +10,8 @@ an input. The first difference stops the check; it is reported with both version
 just before it.
 
 Each core's answers depend only on the log, so the cores can be checked in processes of their own
-(`jobs`, Linux: forked once the cores are built and the log's rows read, each decoding them itself) and their
-first differences merged: the result is the same as a check in one process.
+(`jobs`, Linux: forked once the cores are built and the log's rows read, each decoding what it needs) and
+their first differences merged: the result is the same as a check in one process.
 
 A missing, unreadable or extra file, or a file whose bytes differ from the run's manifest (run.json's
 `files`, else the recorder's `manifest-<stream>.jsonl`: `controlplane.eventlog.check`), is reported by
@@ -263,10 +263,10 @@ def _weight(core: Any) -> int:
 
 
 def _groups(cores: list[Any], jobs: int) -> list[list[Any]]:
-    """At most `jobs` groups of cores. The others are spread by `_weight`, the heaviest first, each core to the
-    lightest group so far. The first group is checked in this process, which decodes every event (it reports on all
-    of them; a child decodes only what its cores read, `_passer`): there go the lightest group, and the cores that
-    read every subject (admission)."""
+    """At most `jobs` groups of cores. The cores that read only some subjects are spread by `_weight`, the heaviest
+    first, each to the lightest group so far. The first group is checked in this process, which decodes every event
+    (it reports on all of them; a child decodes only what its cores read, `_passer`): it is the lightest, and the
+    cores that read every subject (admission) join it."""
     every = [c for c in cores if ">" in c.subjects]
     rest = [c for c in cores if ">" not in c.subjects]
     if jobs <= 1 or len(rest) <= 1:
@@ -306,7 +306,8 @@ def _walk_apart(load: Callable[[list[Any] | None], _Stream], groups: list[list[A
     """The first group in this process (told to `progress`), each other one in a forked child. The children are
     forked before the log's rows are decoded: each decodes those its cores read on its own (`load(group)`), side by
     side with this process (`load(None)`: all of them), and what a core imports on its first use (the modeler's
-    least-squares fit) is imported there meanwhile. Returns this process's stream and the walks, in the order of `groups`."""
+    least-squares fit) is imported there meanwhile. Returns this process's stream and the walks, in the order of
+    `groups`."""
     ctx = multiprocessing.get_context("fork")
     children = []
     try:
