@@ -300,6 +300,19 @@ class RubickEngine:
 
     # ---------------------------------------------------------------------------------------
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
+        """Every job's outcome this round, in the order of the round's records (`schedule_changed`, with the
+        outcome objects of the jobs it leaves out)."""
+        made = {o.job_id: o for o in self._round(nodes, jobs)}
+        return [j.idle if (o := made.get(j.id)) is None else o for j in self.jobs.values()]
+
+    def schedule_changed(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
+        """A round: the outcomes of the jobs whose outcome may differ from the one the last round gave. Left out is a
+        waiting job asleep (`_asleep`) and not tried this round (`_wake`) whose last outcome said it waits for GPUs
+        and nothing else (`_Job.idle_plain`): its outcome is that object again (`_Job.idle`). The policy service
+        keeps it; over a long queue, most jobs are such."""
+        return self._round(nodes, jobs)
+
+    def _round(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
         layout = self._layout(nodes)
         self.nodes, self.order, self._by_name, self._nidx, self._names = layout[1:6]
         self._lo_p, self._lo_s = layout[6].copy(), layout[6].copy()
@@ -350,6 +363,10 @@ class RubickEngine:
         prepared, self._prepared = getattr(self, "_prepared", {}), {}
         now = self._round_no = getattr(self, "_round_no", 0) + 1
         fell_asleep: list[_Job] = []
+        unplain: list[_Job] = []
+        """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
+        self._woken: list[_Job] = []
+        """sleepers tried this round (`_wake`)"""
         self._awake: list[_Job] = []
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
         versions: dict[int, tuple] = {}
@@ -371,6 +388,8 @@ class RubickEngine:
                     self._prepared[job_id] = held
                     if not record.listed:
                         fell_asleep.append(record)
+                    if not record.idle_plain:
+                        unplain.append(record)
                     continue
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
         to_make.sort(key=lambda a: a[:3])
@@ -397,8 +416,9 @@ class RubickEngine:
             self._schedule_job(key[-1])
         self._wake(at, None)
         self._failed = None
-        return [j.idle if j.asleep == now and j.woke != now and j.idle_plain else self._finish(j)
-                for j in self.jobs.values()]
+        finish = self._finish
+        return ([finish(j) for j in self._awake] + [finish(j) for j in self._woken]
+                + [finish(j) for j in unplain if j.woke != now])
 
     def _asleep(self, job: _Job) -> bool:
         """Whether a job's record from the last round is what `_prepare` would make of it again (while its model is not
@@ -441,6 +461,7 @@ class RubickEngine:
             if not self._any_free() and not self._beats(job, self.lowest):
                 break
             job.woke = now
+            self._woken.append(job)
             self._schedule_job(job)
             at += 1
         return end

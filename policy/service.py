@@ -409,12 +409,15 @@ class PolicyCore:
             self._caps = (alive, [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in alive])
         nodes = self._caps[1]
         jobs = self._inputs(event.time)
-        outcomes = self.engine.schedule(nodes, jobs) if nodes else []
+        changed_only = getattr(self.engine, "schedule_changed", None) if nodes else None
+        """an engine that leaves out the outcomes that are the same objects as last round's (`RubickEngine`)"""
+        outcomes = (changed_only or self.engine.schedule)(nodes, jobs) if nodes else []
         outcomes += self._withdrawn()
         if getattr(self.engine, "held_back", False):
             self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
-        pending_now = self._pending_of(outcomes, jobs) if self.reasons else {}
+        every = changed_only is None
+        pending_now = self._pending_of(outcomes, jobs, every) if self.reasons else {}
         last, states, new = self.last, self.state.jobs, []
         for o in outcomes:  # most repeat the last round's: only the others are sorted (a job's id is in one)
             prev = last.get(o.job_id)
@@ -454,7 +457,14 @@ class PolicyCore:
             return out
         pending, open_jobs = self.pending, self.state.open_jobs
         cleared = []
-        for job_id in [j for j in pending if j not in pending_now]:
+        if every:
+            left = [j for j in pending if j not in pending_now]
+        else:  # a job whose outcome was left out has its reason of last round; the others are those given now
+            left = {o.job_id for o in outcomes if o.job_id in pending and o.job_id not in pending_now}
+            left |= pending.keys() - {j.job_id for j in jobs}  # not asked of the engine: over, or no model
+            for job_id in left:
+                self._made.pop(job_id, None)
+        for job_id in left:
             if job_id in open_jobs:
                 cleared.append(job_id)
             else:
@@ -463,11 +473,14 @@ class PolicyCore:
         cleared.sort()
         return out + self._publish_pending(event, changed, cleared)
 
-    def _pending_of(self, outcomes: list[Outcome], jobs: list[JobIn]) -> dict[str, Pending]:
+    def _pending_of(self, outcomes: list[Outcome], jobs: list[JobIn], every: bool = True) -> dict[str, Pending]:
         """Each waiting or short job's reason after a round (the engine's, or `no-gpus` for a job it did
-        not place and gave no reason for)."""
+        not place and gave no reason for). `every`: the outcomes are every job's; else only those an engine's
+        `schedule_changed` gave, and the reasons are theirs (the others keep theirs, and their `_made`)."""
         out = {}
-        made, self._made = self._made, {}
+        made = self._made
+        if every:
+            self._made = {}
         for o in outcomes:
             if o.pending is not None:
                 held = made.get(o.job_id)
@@ -481,13 +494,17 @@ class PolicyCore:
                         held = (held[0], held[1], o)
                 self._made[o.job_id] = held
                 out[o.job_id] = held[1]
-            elif not o.shares and o.reason not in WITHDRAWN:
-                out[o.job_id] = Pending(job_id=o.job_id, reason="no-fit" if "fits" in o.detail.get("why", "")
-                                        else "no-gpus")
-        seen = {o.job_id for o in outcomes}
-        for j in jobs:  # no node to run on: the engine was not asked
-            if j.job_id not in seen:
-                out[j.job_id] = Pending(job_id=j.job_id, reason="no-gpus")
+            else:
+                if not every:
+                    self._made.pop(o.job_id, None)
+                if not o.shares and o.reason not in WITHDRAWN:
+                    out[o.job_id] = Pending(job_id=o.job_id, reason="no-fit" if "fits" in o.detail.get("why", "")
+                                            else "no-gpus")
+        if every:
+            seen = {o.job_id for o in outcomes}
+            for j in jobs:  # no node to run on: the engine was not asked
+                if j.job_id not in seen:
+                    out[j.job_id] = Pending(job_id=j.job_id, reason="no-gpus")
         return out
 
     def _publish_pending(self, event: Event, changed: dict[str, Pending], cleared) -> list[Event]:

@@ -82,7 +82,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     clock = {"remaining_iters", "elapsed_s", "changed_s", "recent_changes", "ref_iter_s"}
     assert core.engine.waiting_clock is False
     last: dict[str, object] = {}
-    schedule = core.engine.schedule
+    schedule = core.engine.schedule_changed  # what the service asks of an engine that has it
 
     def checked(nodes, jobs):
         t = c.t
@@ -101,7 +101,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
         seen["inputs"] += len(jobs)
         return schedule(nodes, jobs)
 
-    core.engine.schedule = checked
+    core.engine.schedule_changed = checked
     core.handle(c.ev("clock.tick", ClockTick(seq=0, period_s=60.0)))
     for i in range(2):
         core.handle(c.ev("node.registered", node(f"n{i}")))

@@ -13,6 +13,7 @@ import pytest
 
 from controlplane.events import (ClockTick, JobCompleted, JobPreempted, JobReconfigured, JobStarted, MetricsIteration,
                                  ModelUpdated, Plan, encode, make)
+from controlplane.events.payloads import JobControl
 from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
@@ -28,7 +29,8 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 
 
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
-          mem_gb: float = 1600.0) -> tuple[list[bytes], object]:
+          mem_gb: float = 1600.0, owners: bool = False) -> tuple[list[bytes], object]:
+    """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then)."""
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
     core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas)
@@ -85,6 +87,9 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
             feed(f"job.preempted.{where}", JobPreempted(job_id=victim, reason="node drained", iterations_done=10),
                  dt=5.0)
         submit()
+        queued = sorted(j.job_id for j in core.state.jobs_in("queued"))
+        if owners and queued and step % 4 == 3:  # an owner takes a waiting job back: its pending reason leaves with it
+            feed("job.cancel" if step % 8 == 3 else "job.suspend", JobControl(job_id=rng.choice(queued)), dt=1.0)
         if step % 5 == 0:  # measured iterations slower than predicted: the oracle trusts its predictions less
             for job_id in running[:6]:
                 st = core.state.jobs.get(job_id)
@@ -104,7 +109,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
-    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0}
+    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -119,6 +124,13 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     def attempt(self, job, jr=None, only=None):
         calls["attempts"] += 1
         return real_attempt(self, job, jr, only)
+
+    real_changed = engine_mod.RubickEngine.schedule_changed
+
+    def changed(self, nodes, jobs):
+        outcomes = real_changed(self, nodes, jobs)
+        calls["left_out"] += len(jobs) - len(outcomes)
+        return outcomes
 
     def prepared(self, inp, memo=None, record=None):
         calls["reused"] += record is not None  # the job's record of the last round, made again in place
@@ -147,7 +159,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_prepare", prepared)
     monkeypatch.setattr(engine_mod.RubickEngine, "_list_sleepers", listed)
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempt)
-    with_memos, core = drive(seed)
+    monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", changed)
+    with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
     def no_memo(self, node, job, limit, memo=None):
@@ -160,8 +173,9 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
                         lambda self, inp, memo=None, record=None: real_prepare(self, inp))
     monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", lambda self, job: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "waiting_clock", True)  # every input brought forward
+    monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", None)  # every job's outcome, every round
     calls["candidates"] = calls["orders"] = calls["attempts"] = 0
-    without, _ = drive(seed)
+    without, _ = drive(seed, owners=True)
 
     decided = [b for b in with_memos if b"plan.decided" in b]
     assert len(decided) >= 10 and any(j.status == "queued" for j in core.state.jobs.values())
@@ -171,6 +185,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["reused"] > 100  # and rounds made the last round's records again
     assert calls["asleep"] > 100  # or kept waiting jobs' records as they were, asleep
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
+    assert calls["left_out"] > 100  # and gave no outcome for them: the service kept their last ones
     assert with_memos == without
 
 
