@@ -178,6 +178,8 @@ class _Job:
     """the round in which the record was last found asleep (`RubickEngine._asleep`)"""
     listed: bool = False
     """whether its key is in `RubickEngine._sleepers`"""
+    key: tuple | None = None
+    """its key in `RubickEngine._sleepers` as it last fell asleep (an older one left there is passed over)"""
     woke: int = -1
     """the round in which it was last tried while asleep (`RubickEngine._wake`)"""
 
@@ -372,6 +374,7 @@ class RubickEngine:
         versions: dict[int, tuple] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
         to_make = []
+        asleep = 0
         for inp in jobs:  # the sleepers first, in the order given (nothing reads their order); the rest sorted below
             job_id = inp.job_id
             record = last_round.get(job_id)
@@ -386,6 +389,7 @@ class RubickEngine:
                     record.asleep = now  # what `_prepare` would make of it again: kept as it is
                     self.jobs[job_id] = record
                     self._prepared[job_id] = held
+                    asleep += 1
                     if not record.listed:
                         fell_asleep.append(record)
                     if not record.idle_plain:
@@ -405,7 +409,7 @@ class RubickEngine:
                 self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
-        self._list_sleepers(fell_asleep)
+        self._list_sleepers(fell_asleep, asleep)
         self._kept = 0
         self._failed = {}
         self._scans, self._orders = {}, {}
@@ -432,14 +436,23 @@ class RubickEngine:
         return not (job.best is not None or job.reason or job.detail or job.privileged or job.forced
                     or job.placed is not None)
 
-    def _list_sleepers(self, fell_asleep: list[_Job]) -> None:
+    def _list_sleepers(self, fell_asleep: list[_Job], asleep: int) -> None:
         """`_sleepers`: the queue keys (`_sort_by_slope`) of this round's sleeping jobs, lowest first: last round's
-        list less those awake now, and those that fell asleep. A sleeper's key cannot change while it sleeps."""
+        list, and the keys of those that fell asleep. A sleeper's key cannot change while it sleeps. The key of a job
+        awake now or gone is left in the list (`_wake` passes it over: `_current`) until such keys are as many as
+        this round's `asleep` sleepers; the list is then made again of the sleepers' keys alone."""
         now = self._round_no
-        keys = [k for k in getattr(self, "_sleepers", ()) if k[-1].asleep == now]
+        keys = getattr(self, "_sleepers", [])
+        if len(keys) - asleep + len(fell_asleep) > asleep + 64:
+            keys = [k for k in keys if self._current(k, now)]
         for job in fell_asleep:
             job.listed = True
-        fresh = [(-job.inp.priority, -job.up(), -0.0, job.inp.order, job.id, job) for job in fell_asleep]
+        serial = getattr(self, "_serial", 0)  # a job's keys, and a key and the job's queue key, differ before the job
+        fresh = [(-job.inp.priority, -job.up(), -0.0, job.inp.order, job.id, serial + i, job)
+                 for i, job in enumerate(fell_asleep, start=1)]
+        self._serial = serial + len(fresh)
+        for k in fresh:
+            k[-1].key = k
         if len(fresh) < 16:
             for k in fresh:
                 bisect.insort(keys, k)
@@ -457,7 +470,11 @@ class RubickEngine:
         end = len(sleepers) if until is None else bisect.bisect_left(sleepers, until, at)
         now = self._round_no
         while at < end:
-            job = sleepers[at][-1]
+            key = sleepers[at]
+            job = key[-1]
+            if not self._current(key, now):
+                at += 1
+                continue
             if not self._any_free() and not self._beats(job, self.lowest):
                 break
             job.woke = now
@@ -465,6 +482,12 @@ class RubickEngine:
             self._schedule_job(job)
             at += 1
         return end
+
+    @staticmethod
+    def _current(key: tuple, now: int) -> bool:
+        """Whether a key in `_sleepers` is a sleeper's of this round (not one left by a job awake now or gone)."""
+        job = key[-1]
+        return job.asleep == now and job.key is key
 
     # --- set-up ------------------------------------------------------------------------------
     def _layout(self, nodes: list[NodeCap]) -> tuple:
@@ -849,7 +872,7 @@ class RubickEngine:
             if j.privileged and j.g and j.reason == "guarantee":
                 continue
             cpu = self._cpu_slope_up(j) if j.g else 0.0
-            keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, j))
+            keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, 0, j))
         keyed.sort()  # ids are unique: no comparison reaches the job itself
         return keyed
 

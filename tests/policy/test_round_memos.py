@@ -109,7 +109,8 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
-    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0}
+    calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
+             "stale": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -117,9 +118,10 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     real_list = engine_mod.RubickEngine._list_sleepers
     real_attempt = engine_mod.RubickEngine._schedule_job
 
-    def listed(self, fell_asleep):
-        real_list(self, fell_asleep)
-        calls["asleep"] += len(self._sleepers)
+    def listed(self, fell_asleep, asleep):
+        real_list(self, fell_asleep, asleep)
+        calls["asleep"] += asleep
+        calls["stale"] += sum(not self._current(k, self._round_no) for k in self._sleepers)
 
     def attempt(self, job, jr=None, only=None):
         calls["attempts"] += 1
@@ -184,6 +186,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert calls["reused"] > 100  # and rounds made the last round's records again
     assert calls["asleep"] > 100  # or kept waiting jobs' records as they were, asleep
+    assert calls["stale"] > 10  # the keys of sleepers awake again or gone were left in the list, passed over
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
     assert calls["left_out"] > 100  # and gave no outcome for them: the service kept their last ones
     assert with_memos == without
