@@ -134,6 +134,8 @@ class PolicyCore:
     _stale: set = field(default_factory=set, repr=False)
     """jobs whose entry in `_listed` the next round makes again (or drops): those `_kept_in` dropped, and those that
     had no input"""
+    _unasked: bool = field(default=False, repr=False)
+    """whether the last round had no live node to ask the engine about"""
     _moving: set = field(default_factory=set, repr=False)
     """jobs in `_listed` whose inputs move with the clock (running or guaranteed): brought forward every round"""
 
@@ -464,8 +466,10 @@ class PolicyCore:
             self._caps = (alive, [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in alive])
         nodes = self._caps[1]
         jobs = self._inputs(event.time)
-        changed_only = getattr(self.engine, "schedule_changed", None) if nodes else None
-        """an engine that leaves out the outcomes that are the same objects as last round's (`RubickEngine`)"""
+        changed_only = getattr(self.engine, "schedule_changed", None) if nodes and not self._unasked else None
+        """an engine that leaves out the outcomes that are the same objects as last round's (`RubickEngine`); not
+        after a round that did not ask the engine (no live node), whose pending reasons no outcome gave"""
+        self._unasked = not nodes
         outcomes = (changed_only or self.engine.schedule)(nodes, jobs) if nodes else []
         outcomes += self._withdrawn()
         if getattr(self.engine, "held_back", False):

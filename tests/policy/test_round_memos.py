@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.events import (ClockTick, JobCompleted, JobPreempted, JobReconfigured, JobStarted, MetricsIteration,
                                  ModelUpdated, Plan, encode, make)
-from controlplane.events.payloads import JobControl
+from controlplane.events.payloads import JobControl, NodeLost
 from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
@@ -30,7 +30,8 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
           mem_gb: float = 1600.0, owners: bool = False) -> tuple[list[bytes], object]:
-    """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then)."""
+    """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then, and
+    every node lost for a while)."""
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
     core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas)
@@ -90,6 +91,12 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
         queued = sorted(j.job_id for j in core.state.jobs_in("queued"))
         if owners and queued and step % 4 == 3:  # an owner takes a waiting job back: its pending reason leaves with it
             feed("job.cancel" if step % 8 == 3 else "job.suspend", JobControl(job_id=rng.choice(queued)), dt=1.0)
+        if owners and step == steps // 3:  # every node lost, a round with none, then all back
+            for i in range(nodes):
+                feed("node.lost", NodeLost(node=f"n{i:02d}", reason="power"), dt=1.0)
+            submit()
+            for i in range(nodes):
+                feed("node.registered", node(f"n{i:02d}", cpus=cpus, mem_gb=mem_gb), dt=1.0)
         if step % 5 == 0:  # measured iterations slower than predicted: the oracle trusts its predictions less
             for job_id in running[:6]:
                 st = core.state.jobs.get(job_id)
