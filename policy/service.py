@@ -128,8 +128,16 @@ class PolicyCore:
     (`_inputs`); an event about the job (but a measured iteration), a decision that changes it and an event about
     no one job that may change some (`KEEPS_INPUTS`) drop it."""
 
+    _listed: dict | None = field(default=None, repr=False)
+    """job -> the input a round hands the engine, kept between rounds where the engine reads no clock field of a
+    waiting best-effort job (`waiting_clock` False); None: made again from every open job at the next round"""
+    _stale: set = field(default_factory=set, repr=False)
+    """jobs whose entry in `_listed` the next round makes again (or drops): those `_kept_in` dropped, and those that
+    had no input"""
     _unasked: bool = field(default=False, repr=False)
     """whether the last round had no live node to ask the engine about"""
+    _moving: set = field(default_factory=set, repr=False)
+    """jobs in `_listed` whose inputs move with the clock (running or guaranteed): brought forward every round"""
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -147,8 +155,10 @@ class PolicyCore:
         if about:
             if base != "metrics.iteration":  # what it changes is brought forward every round
                 self._kept_in.pop(about, None)
+                self._stale.add(about)
         elif base not in KEEPS_INPUTS:
             self._kept_in.clear()  # an event about no one job that may change some (a node lost stops its jobs)
+            self._listed = None
         if base not in KEEPS_FREE:
             self._free = None
         if base in ("job.cancel", "job.suspend"):
@@ -377,6 +387,8 @@ class PolicyCore:
         which the engine may take as unchanged."""
         kept, jobs = self._kept_in, []
         waiting_clock = getattr(self.engine, "waiting_clock", True)
+        if not waiting_clock:
+            return self._listed_inputs(t)
         for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
             job_id = js.job_id
             inp = kept.get(job_id)
@@ -390,6 +402,48 @@ class PolicyCore:
                 self._forward(inp, js, t)
             jobs.append(inp)
         return jobs
+
+    def _listed_inputs(self, t: float) -> list[JobIn]:
+        """`_inputs` for an engine that reads no clock field of a waiting best-effort job: the inputs are kept in
+        `_listed` between rounds, and a round makes again only those of the jobs something happened to (`_stale`)
+        and brings forward those that move with the clock (`_moving`). The same inputs as `_inputs` makes of every
+        open job, in another order (the engine orders them itself)."""
+        listed, moving, kept, states = self._listed, self._moving, self._kept_in, self.state.jobs
+        if listed is None:
+            listed, moving = self._listed, self._moving = {}, set()
+            stale = [js.job_id for js in self.state.open_in("queued", "running", "preempted")]
+        else:
+            stale = self._stale
+        self._stale = set()
+        made = set()
+        for job_id in stale:
+            js = states.get(job_id)
+            if js is None or js.status not in ("queued", "running", "preempted"):
+                listed.pop(job_id, None)
+                moving.discard(job_id)
+                continue
+            inp = kept.get(job_id)
+            if inp is None:
+                inp = self.job_in(js, t)
+                if inp is None:  # no model for it (yet): asked again next round
+                    listed.pop(job_id, None)
+                    moving.discard(job_id)
+                    self._stale.add(job_id)
+                    continue
+                made.add(job_id)
+                if job_id in self.order:
+                    kept[job_id] = inp
+                else:
+                    self._stale.add(job_id)  # not kept: made again every round
+            listed[job_id] = inp
+            if inp.running or inp.guaranteed:
+                moving.add(job_id)
+            else:
+                moving.discard(job_id)
+        for job_id in moving:
+            if job_id not in made:
+                self._forward(listed[job_id], states[job_id], t)
+        return list(listed.values())
 
     def _recent_changes(self, job_id: str, t: float) -> int:
         """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
@@ -444,6 +498,7 @@ class PolicyCore:
             else:
                 holding.discard(o.job_id)
             self._kept_in.pop(o.job_id, None)
+            self._stale.add(o.job_id)
             self.changed_at[o.job_id] = event.time
             if prev is not None and prev.shares:  # a change of what it runs on, not its first start
                 self.changes.setdefault(o.job_id, []).append(event.time)
