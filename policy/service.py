@@ -138,6 +138,10 @@ class PolicyCore:
     """whether the last round had no live node to ask the engine about"""
     _moving: set = field(default_factory=set, repr=False)
     """jobs in `_listed` whose inputs move with the clock (running or guaranteed): brought forward every round"""
+    _folded: int = field(default=-1, repr=False)
+    """the state's count of events applied (`ClusterState.events`) after the core's own last one: a count that
+    differs means events applied to the state past `handle` (a benchmark timing rounds alone does), which `_stale`
+    did not see, and `_listed` is made again whole"""
 
     def __post_init__(self) -> None:
         self.state.known_models |= set(self.models)
@@ -150,7 +154,7 @@ class PolicyCore:
         if base == "plan.decided" or self.state.refusal(event) is not None:
             return []  # a node's report on a job not placed on it changes nothing (admission answers it)
         known_before = event.payload.job_id in self.state.jobs if base == "job.submitted" else False
-        self.state.apply(event)
+        self._apply(event)
         about = getattr(event.payload, "job_id", None)
         if about:
             if base != "metrics.iteration":  # what it changes is brought forward every round
@@ -210,6 +214,14 @@ class PolicyCore:
         if base == "job.cancel":  # its withdrawal is decided (above): nothing of it stays
             self._drop(event.payload.job_id)
         return out
+
+    def _apply(self, event: Event) -> None:
+        """Fold an event into the state, noting whether others were folded past the core since its last one."""
+        state = self.state
+        if state.events != self._folded:
+            self._listed = None
+        state.apply(event)
+        self._folded = state.events
 
     def _drop(self, job_id: str) -> None:
         """Forget what the core keeps of a job that is over."""
@@ -409,8 +421,9 @@ class PolicyCore:
         and brings forward those that move with the clock (`_moving`). The same inputs as `_inputs` makes of every
         open job, in another order (the engine orders them itself)."""
         listed, moving, kept, states = self._listed, self._moving, self._kept_in, self.state.jobs
-        if listed is None:
+        if listed is None or self.state.events != self._folded:
             listed, moving = self._listed, self._moving = {}, set()
+            self._folded = self.state.events
             stale = [js.job_id for js in self.state.open_in("queued", "running", "preempted")]
         else:
             stale = self._stale
@@ -511,7 +524,7 @@ class PolicyCore:
             payload = PlanDecided(round=self.round, policy=self.policy, decisions=tuple(decisions))
             decided = make("plan.decided", payload, time=event.time, id=f"{self.policy}-round-{self.round}",
                            source=self.name)
-            self.state.apply(decided)
+            self._apply(decided)
             out.append(decided)
         if not self.reasons:
             return out
@@ -578,7 +591,7 @@ class PolicyCore:
                               pending=tuple(changed[j] for j in sorted(changed)), cleared=tuple(cleared))
         ev = make("plan.pending", payload, time=event.time, id=f"{self.policy}-pending-{self.pending_seq}",
                   source=self.name)
-        self.state.apply(ev)
+        self._apply(ev)
         return [ev]
 
     def _withdrawn(self) -> list[Outcome]:

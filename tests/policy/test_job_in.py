@@ -188,3 +188,21 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     assert seen["asleep"] >= 10  # waiting best-effort jobs handed over as they were
     assert core.state.jobs[a].priority == 7 and core.state.jobs[b].status != "suspended"
     assert core.state.jobs[victim].iterations_done == 100
+
+
+def test_a_job_folded_into_the_state_past_the_core_is_handed_to_the_engine():
+    """The core keeps the round's inputs between rounds and makes again those of the jobs its events touched. A job
+    put in the state directly (as bench/policy_round.py does, to time rounds alone) is seen all the same: the
+    state's count of folded events differs from the core's, and the list is made again whole."""
+    from .helpers import job
+
+    core = core_for("rubick", hold_s=None)
+    c = Clock()
+    core.handle(c.ev("clock.tick", ClockTick(seq=0, period_s=60.0)))
+    core.handle(c.ev("node.registered", node("n0")))
+    core.handle(c.ev("job.submitted", job("a", "gpt2", 64, Plan(dp=1), 1)))
+    assert core.last["a"].shares  # it takes the node (and is held there: b waits)
+    core.state.apply(c.ev("job.submitted", job("b", "gpt2", 64, Plan(dp=1), 1)))  # past the core
+    answers = core.run_round(c.ev("clock.tick", ClockTick(seq=1, period_s=60.0)))
+    assert "b" in core.last and not core.last["b"].shares  # the engine was asked about it
+    assert any(p.job_id == "b" for e in answers if e.base == "plan.pending" for p in e.payload.pending)
