@@ -46,6 +46,8 @@ DIRTY = frozenset({"job.preempted", "job.started", "job.reconfigured", "metrics.
 KEEPS_INPUTS = frozenset({"clock.tick", "model.updated", "node.registered", "node.heartbeat", "plan.pending",
                           "quota.set", "run.described"})
 """Events about no one job that change nothing `PolicyCore.job_in` reads but what `_inputs` brings forward."""
+SCHEDULED = ("queued", "running", "preempted")
+"""The statuses of the jobs a round hands the engine."""
 KEEPS_FREE = frozenset({"job.submitted", "metrics.iteration", "clock.tick", "model.updated", "plan.pending"})
 """Events that change no decided allocation, no open job's status and no node's life: `_free_gpus` stays."""
 
@@ -254,7 +256,7 @@ class PolicyCore:
         used = 0
         for job_id in self._holding:  # a job holds what it was decided only while its last decision gave it some
             job = self.state.jobs.get(job_id)
-            if job is not None and job.status in ("queued", "running", "preempted"):
+            if job is not None and job.status in SCHEDULED:
                 used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
         return sum(alive.values()) - used
 
@@ -401,7 +403,7 @@ class PolicyCore:
         waiting_clock = getattr(self.engine, "waiting_clock", True)
         if not waiting_clock:
             return self._listed_inputs(t)
-        for js in self.state.open_in("queued", "running", "preempted"):  # the engine orders them itself
+        for js in self.state.open_in(*SCHEDULED):  # the engine orders them itself
             job_id = js.job_id
             inp = kept.get(job_id)
             if inp is None:
@@ -424,30 +426,29 @@ class PolicyCore:
         if listed is None or self.state.events != self._folded:
             listed, moving = self._listed, self._moving = {}, set()
             self._folded = self.state.events
-            stale = [js.job_id for js in self.state.open_in("queued", "running", "preempted")]
+            stale = [js.job_id for js in self.state.open_in(*SCHEDULED)]
         else:
             stale = self._stale
         self._stale = set()
         made = set()
-        for job_id in stale:
+        for job_id in sorted(stale) if type(stale) is set else stale:  # the same order whatever the hash seed
             js = states.get(job_id)
-            if js is None or js.status not in ("queued", "running", "preempted"):
+            scheduled = js is not None and js.status in SCHEDULED
+            inp = kept.get(job_id) if scheduled else None
+            if scheduled and inp is None:
+                inp = self.job_in(js, t)
+                if inp is None:  # no model for it (yet): asked again next round
+                    self._stale.add(job_id)
+                else:
+                    made.add(job_id)
+                    if job_id in self.order:
+                        kept[job_id] = inp
+                    else:
+                        self._stale.add(job_id)  # not kept: made again every round
+            if inp is None:  # over, or no model: not handed over
                 listed.pop(job_id, None)
                 moving.discard(job_id)
                 continue
-            inp = kept.get(job_id)
-            if inp is None:
-                inp = self.job_in(js, t)
-                if inp is None:  # no model for it (yet): asked again next round
-                    listed.pop(job_id, None)
-                    moving.discard(job_id)
-                    self._stale.add(job_id)
-                    continue
-                made.add(job_id)
-                if job_id in self.order:
-                    kept[job_id] = inp
-                else:
-                    self._stale.add(job_id)  # not kept: made again every round
             listed[job_id] = inp
             if inp.running or inp.guaranteed:
                 moving.add(job_id)
