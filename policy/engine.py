@@ -182,6 +182,14 @@ class _Job:
     """its key in `RubickEngine._sleepers` as it last fell asleep (an older one left there is passed over)"""
     woke: int = -1
     """the round in which it was last tried while asleep (`RubickEngine._wake`)"""
+    version: tuple | None = None
+    """its kind's memo key this round (`PlanBook._key`): the same object until its model is refitted"""
+    placed_memo: tuple | None = None
+    """(GPUs per node, CPUs per GPU, `version`, best plan) of the last placement `_place_current` read: a running
+    job's is most often the same round after round"""
+    running_memo: tuple | None = None
+    """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
+    same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
 
     def up(self) -> float:
         g = self.g
@@ -622,7 +630,10 @@ class RubickEngine:
             self._prepared[inp.job_id] = held
         cpg, ref, curve, want_g, min_g, min_c, up_tab, down_tab, request = held[7]
         if record is None:
-            return _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
+            job = _Job(inp, inp.job_id, cpg, curve, ref, request, min_g, min_c, want_g, up_tab, down_tab)
+            job.version = version
+            return job
+        record.version = version
         record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
         record.privileged = record.forced = record.listed = False
@@ -698,8 +709,14 @@ class RubickEngine:
                 self.placed[job.id] = job
             if job.g:
                 gpus, cpg = tuple(job.g_on.values()), self._cpg_of(job)
-                job.best = self._best_on(job, gpus, cpg)
-                job.placed = (gpus, cpg, job.best)
+                memo = job.placed_memo
+                if memo is not None and memo[0] == gpus and memo[1] == cpg and memo[2] is job.version:
+                    best = memo[3]  # what it held last round, at the same model version: the same best plan
+                else:
+                    best = self._best_on(job, gpus, cpg)
+                    job.placed_memo = (gpus, cpg, job.version, best)
+                job.best = best
+                job.placed = (gpus, cpg, best)
 
     def _privileged(self) -> None:
         """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
@@ -1743,6 +1760,18 @@ class RubickEngine:
 
     def _outcome(self, job: _Job, plan: Plan, tput: float, best: Best) -> Outcome:
         g_on, c_on, mem_on = job.g_on, job.c_on, job.mem_on
+        reason = job.reason or ("start" if not job.inp.current else "keep")
+        quota = None
+        if job.inp.guaranteed and not job.privileged and "guarantee" not in job.detail:
+            quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort
+        pending = self._pending(job, sum(best.placement))
+        memo = job.running_memo
+        if memo is not None:  # the last outcome it gave holding GPUs, if every part of this one is the same
+            _, m_plan, m_tput, m_reason, m_quota, m_pending, m_place, m_g, m_c, m_mem, m_detail, m_curve, m_ref = memo
+            if ((m_plan is plan or m_plan == plan) and m_tput == tput and m_reason == reason and m_quota == quota
+                    and m_pending == pending and m_place == best.placement and m_g == g_on and m_c == c_on
+                    and m_mem == mem_on and m_detail is job.detail and m_curve is job.curve and m_ref == job.ref):
+                return memo[0]
         if len(g_on) == 1:  # one node: the placement's one entry is its share there
             [n] = g_on
             g = best.placement[0]
@@ -1750,10 +1779,9 @@ class RubickEngine:
         else:
             used = zip(sorted(g_on, key=lambda n: (-g_on[n], n)), best.placement)
             shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3)) for n, g in used if g > 0}
-        reason = job.reason or ("start" if not job.inp.current else "keep")
-        quota = None
-        if job.inp.guaranteed and not job.privileged and "guarantee" not in job.detail:
-            quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort
         # made only when read (`Outcome.detail`); a job's detail is replaced, never changed
         later = (job.detail, job.curve, job.g, job.ref, tput, quota)
-        return Outcome(job.id, shares, plan, tput, reason, later, self._pending(job, sum(best.placement)))
+        out = Outcome(job.id, shares, plan, tput, reason, later, pending)
+        job.running_memo = (out, plan, tput, reason, quota, pending, best.placement, dict(g_on), dict(c_on),
+                            dict(mem_on), job.detail, job.curve, job.ref)
+        return out

@@ -465,7 +465,8 @@ class PolicyCore:
         times = self.changes.get(job_id)
         if not times or window <= 0:
             return 0
-        times[:] = [x for x in times if t - x < window]
+        if t - min(times) >= window:  # some left the window (they are not always in time order)
+            times[:] = [x for x in times if t - x < window]
         return len(times)
 
     # --- a round -------------------------------------------------------------------------------

@@ -503,3 +503,37 @@ def test_a_waiting_guarantee_works_its_minimum_out_again_when_its_types_margin_c
         assert (demand[:2], demand[3:6], demand[8]) == (expected[:2], expected[3:6], expected[8])
         seen.append(demand[4])
     assert seen == [4, 8, 4]
+
+
+def test_a_running_jobs_outcome_is_given_again_only_while_every_part_of_it_is_the_same():
+    """A job left as it runs is given last round's outcome object again (the service sees at once that nothing
+    changed), but only while every part of it is what a fresh engine gives: its first round says `start`, the next
+    (the same GPUs, now its own) `keep`, and a refit that changes its speed gives a new outcome too."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    kind = engine_mod.JobKind(models["vit"], models["vit"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+
+    def round_of(inp):
+        (out,) = engine.schedule(nodes, [inp])
+        (fresh,) = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, [inp])
+        assert facts(out) == facts(fresh)
+        return out
+
+    first = round_of(engine_mod.JobIn("j", "t0", False, kind, 0, 8, 32, Plan(dp=8), requested_mem_gb=64.0))
+    assert first.reason == "start" and first.shares
+    current = {n: (g, c) for n, (g, c, _) in first.shares.items()}
+    memory = {n: m for n, (_, _, m) in first.shares.items()}
+    assert all(m > 0 for m in memory.values())  # held as it was given: every part of the outcome but its reason
+    inp = engine_mod.JobIn("j", "t0", False, kind, 0, 8, 32, Plan(dp=8), requested_mem_gb=64.0, current=current,
+                           current_mem=memory, current_plan=first.plan, running=True, remaining_iters=1e6)
+    kept = round_of(inp)
+    assert kept.reason == "keep" and kept.shares == first.shares and kept is not first
+    assert round_of(inp) is kept  # nothing changed: the same object
+    params = {**oracle.params.get("vit", PerfParams()).as_dict()}
+    params["k_bwd"] = params.get("k_bwd", 1.0) * 1.5
+    oracle.update(ModelUpdated(model_type="vit", version=7, params=params, n_points=1, rmsle=0.0))
+    after = round_of(inp)
+    assert after is not kept and after.throughput != kept.throughput
+    assert round_of(inp) is after
