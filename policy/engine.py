@@ -33,7 +33,7 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Iterator
+from typing import ClassVar, Collection, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -174,8 +174,8 @@ class _Job:
     do, round after round)"""
     idle_plain: bool = False
     """whether `idle` is what a waiting job whose attempt failed at once says: queued, no GPUs free or to take"""
-    asleep: int = -1
-    """the round in which the record was last found asleep (`RubickEngine._asleep`)"""
+    sleeping: bool = False
+    """whether the record was found asleep (`RubickEngine._asleep`) as the last round began, and still is"""
     listed: bool = False
     """whether its key is in `RubickEngine._sleepers`"""
     key: tuple | None = None
@@ -315,14 +315,22 @@ class RubickEngine:
         made = {o.job_id: o for o in self._round(nodes, jobs)}
         return [j.idle if (o := made.get(j.id)) is None else o for j in self.jobs.values()]
 
-    def schedule_changed(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
+    def schedule_changed(self, nodes: list[NodeCap], jobs: Collection[JobIn] | Mapping[str, JobIn],
+                         touched: Collection[str] | None = None) -> list[Outcome]:
         """A round: the outcomes of the jobs whose outcome may differ from the one the last round gave. Left out is a
         waiting job asleep (`_asleep`) and not tried this round (`_wake`) whose last outcome said it waits for GPUs
         and nothing else (`_Job.idle_plain`): its outcome is that object again (`_Job.idle`). The policy service
-        keeps it; over a long queue, most jobs are such."""
-        return self._round(nodes, jobs)
+        keeps it; over a long queue, most jobs are such.
 
-    def _round(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
+        `touched` (with `jobs` a mapping, job id -> input): the ids of the jobs whose input may not be the object
+        the last round was handed, and of those handed then and not now. The caller promises that every other input
+        is the last round's object, its fields as they were but for those that follow the clock of a job holding
+        GPUs or guaranteed. A round then looks only at those jobs, the jobs awake or tried last round, and the
+        sleepers of a kind whose model was refitted: the other sleepers cost it nothing. None: every input is
+        looked at."""
+        return self._round(nodes, jobs, touched)
+
+    def _round(self, nodes: list[NodeCap], jobs, touched: Collection[str] | None = None) -> list[Outcome]:
         layout = self._layout(nodes)
         self.nodes, self.order, self._by_name, self._nidx, self._names = layout[1:6]
         self._lo_p, self._lo_s = layout[6].copy(), layout[6].copy()
@@ -332,7 +340,7 @@ class RubickEngine:
         self.on_node: dict[str, set[str]] = {n: set() for n in self.order}
         last_round = getattr(self, "jobs", {})
         """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
-        self.jobs: dict[str, _Job] = {}
+        last_awake = getattr(self, "_awake", ())
         self.placed: dict[str, _Job] = {}
         """jobs holding GPUs (a superset: entries may have dropped to zero)."""
         self.by_down: list[tuple[int, float, int, str]] = []
@@ -347,8 +355,6 @@ class RubickEngine:
         self._free_list: list[str] | None = None
         self._free_any: bool | None = None
         """whether `_free_list` would not be empty; both are None once free GPUs change (`_free_changed`)"""
-        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
-        self.held = {j.job_id for j in jobs if j.running and j.current and j.changed_s < hold * self._backoff(j)}
         self.held_back = False
         """whether holding a job changed this round's outcome (the round is worth running again later)"""
         self.why: dict[str, str] = {}
@@ -370,41 +376,70 @@ class RubickEngine:
         self._orders: dict[int, list[str]] = {}
         """in the round's queue: the end of the prefix of the index a job holding nothing may shrink (-1: none) ->
         its `_node_order`, until an attempt is kept"""
-        prepared, self._prepared = getattr(self, "_prepared", {}), {}
         now = self._round_no = getattr(self, "_round_no", 0) + 1
-        fell_asleep: list[_Job] = []
-        unplain: list[_Job] = []
-        """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
+        was = getattr(self, "_sleeping", {})
+        """id -> the record of each job asleep as the last round began and not awake since"""
         self._woken: list[_Job] = []
         """sleepers tried this round (`_wake`)"""
         self._awake: list[_Job] = []
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
         versions: dict[int, tuple] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
+        fell_asleep: list[_Job] = []
         to_make = []
-        asleep = 0
-        for inp in jobs:  # the sleepers first, in the order given (nothing reads their order); the rest sorted below
-            job_id = inp.job_id
+        if touched is None or not hasattr(self, "_sleep_kinds") or type(jobs) is not dict:
+            # every input looked at: this round's records, sleepers and memos made again whole
+            given = jobs.values() if type(jobs) is dict else jobs
+            prepared, self._prepared = getattr(self, "_prepared", {}), {}
+            self.jobs: dict[str, _Job] = {}
+            for record in was.values():
+                record.sleeping = False
+            self._sleeping, self._unplain, self._sleep_kinds = {}, {}, {}
+            prior = was
+            candidates = ((inp.job_id, inp) for inp in given)
+        else:
+            # the others are last round's sleepers, untouched: kept asleep as they are, not looked at
+            prepared = self._prepared
+            ids = set(touched)
+            for job in last_awake:
+                ids.add(job.id)
+            for job in getattr(self, "_woken_last", ()):
+                ids.add(job.id)
+            for kid, (kind, version, members) in list(self._sleep_kinds.items()):
+                if self.book._key(kind) is not version:  # refitted: its sleepers are made again
+                    ids.update(members)
+                    del self._sleep_kinds[kid]
+            prior = {job_id for job_id in ids if job_id in was}
+            for job_id in prior:
+                self._fall_awake(was[job_id])
+            for job_id in ids:
+                if job_id not in jobs:  # over, or no model: gone from the round
+                    self.jobs.pop(job_id, None)
+                    prepared.pop(job_id, None)
+            candidates = ((job_id, jobs[job_id]) for job_id in sorted(ids) if job_id in jobs)
+        for job_id, inp in candidates:  # the sleepers first (nothing reads their order); the rest sorted below
             record = last_round.get(job_id)
             if record is not None and record.inp is inp and (
-                    (record.asleep == now - 1 and record.woke != now - 1) or self._asleep(record)):
+                    (job_id in prior and record.woke != now - 1) or self._asleep(record)):
                 kind = inp.kind  # asleep through the last round and not tried: nothing touched it
                 version = versions.get(id(kind))
                 if version is None:
                     version = versions[id(kind)] = self.book._key(kind)
                 held = prepared.get(job_id)
                 if held is not None and held[1] is version:  # no refit of its model since it was made
-                    record.asleep = now  # what `_prepare` would make of it again: kept as it is
-                    self.jobs[job_id] = record
+                    self.jobs[job_id] = record  # what `_prepare` would make of it again: kept as it is
                     self._prepared[job_id] = held
-                    asleep += 1
+                    self._fall_asleep(record, kind, version)
                     if not record.listed:
                         fell_asleep.append(record)
-                    if not record.idle_plain:
-                        unplain.append(record)
                     continue
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
         to_make.sort(key=lambda a: a[:3])
+        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        self.held = {inp.job_id for *_, inp, _ in to_make  # a sleeper runs on nothing: none is held
+                     if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
+        unplain = list(self._unplain.values())
+        """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
         for *_, inp, record in to_make:
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
@@ -417,7 +452,7 @@ class RubickEngine:
                 self._reindex(job)
         self._privileged()
         queue = self._sort_by_slope()
-        self._list_sleepers(fell_asleep, asleep)
+        self._list_sleepers(fell_asleep, len(self._sleeping))
         self._kept = 0
         self._failed = {}
         self._scans, self._orders = {}, {}
@@ -429,8 +464,34 @@ class RubickEngine:
         self._wake(at, None)
         self._failed = None
         finish = self._finish
-        return ([finish(j) for j in self._awake] + [finish(j) for j in self._woken]
-                + [finish(j) for j in unplain if j.woke != now])
+        out = ([finish(j) for j in self._awake] + [finish(j) for j in self._woken]
+               + [finish(j) for j in unplain if j.woke != now])
+        for job in unplain:
+            if job.idle_plain:
+                del self._unplain[job.id]
+        self._woken_last = self._woken
+        return out
+
+    def _fall_asleep(self, job: _Job, kind: JobKind, version: tuple) -> None:
+        """Keep a record asleep this round (`_sleeping`), listed under its kind at its model's version, and among
+        those whose outcome is made again while its last one is not the plain one."""
+        job.sleeping = True
+        self._sleeping[job.id] = job
+        group = self._sleep_kinds.get(id(kind))
+        if group is None or group[1] is not version:
+            group = self._sleep_kinds[id(kind)] = (kind, version, set())
+        group[2].add(job.id)
+        if not job.idle_plain:
+            self._unplain[job.id] = job
+
+    def _fall_awake(self, job: _Job) -> None:
+        """A sleeper of the last round looked at again: out of the sleepers until it is found asleep again."""
+        job.sleeping = False
+        del self._sleeping[job.id]
+        self._unplain.pop(job.id, None)
+        group = self._sleep_kinds.get(id(job.inp.kind))
+        if group is not None:
+            group[2].discard(job.id)
 
     def _asleep(self, job: _Job) -> bool:
         """Whether a job's record from the last round is what `_prepare` would make of it again (while its model is not
@@ -495,7 +556,7 @@ class RubickEngine:
     def _current(key: tuple, now: int) -> bool:
         """Whether a key in `_sleepers` is a sleeper's of this round (not one left by a job awake now or gone)."""
         job = key[-1]
-        return job.asleep == now and job.key is key
+        return job.sleeping and job.key is key
 
     # --- set-up ------------------------------------------------------------------------------
     def _layout(self, nodes: list[NodeCap]) -> tuple:

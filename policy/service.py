@@ -138,6 +138,10 @@ class PolicyCore:
     had no input"""
     _unasked: bool = field(default=False, repr=False)
     """whether the last round had no live node to ask the engine about"""
+    _touched: set | None = field(default=None, repr=False)
+    """jobs whose entry in `_listed` was made again or dropped since the engine was last handed `_listed`: what an
+    engine that takes them (`RubickEngine.schedule_changed`) needs to look at, besides its own; None: not known
+    (`_listed` was made again whole), and every input is looked at"""
     _moving: set = field(default_factory=set, repr=False)
     """jobs in `_listed` whose inputs move with the clock (running or guaranteed): brought forward every round"""
     _folded: int = field(default=-1, repr=False)
@@ -402,7 +406,7 @@ class PolicyCore:
         kept, jobs = self._kept_in, []
         waiting_clock = getattr(self.engine, "waiting_clock", True)
         if not waiting_clock:
-            return self._listed_inputs(t)
+            return list(self._listed_inputs(t).values())
         for js in self.state.open_in(*SCHEDULED):  # the engine orders them itself
             job_id = js.job_id
             inp = kept.get(job_id)
@@ -417,7 +421,7 @@ class PolicyCore:
             jobs.append(inp)
         return jobs
 
-    def _listed_inputs(self, t: float) -> list[JobIn]:
+    def _listed_inputs(self, t: float) -> dict[str, JobIn]:
         """`_inputs` for an engine that reads no clock field of a waiting best-effort job: the inputs are kept in
         `_listed` between rounds, and a round makes again only those of the jobs something happened to (`_stale`)
         and brings forward those that move with the clock (`_moving`). The same inputs as `_inputs` makes of every
@@ -427,8 +431,11 @@ class PolicyCore:
             listed, moving = self._listed, self._moving = {}, set()
             self._folded = self.state.events
             stale = [js.job_id for js in self.state.open_in(*SCHEDULED)]
+            self._touched = None
         else:
             stale = self._stale
+            if self._touched is not None:
+                self._touched |= stale
         self._stale = set()
         made = set()
         for job_id in sorted(stale) if type(stale) is set else stale:  # the same order whatever the hash seed
@@ -457,7 +464,7 @@ class PolicyCore:
         for job_id in moving:
             if job_id not in made:
                 self._forward(listed[job_id], states[job_id], t)
-        return list(listed.values())
+        return listed
 
     def _recent_changes(self, job_id: str, t: float) -> int:
         """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
@@ -480,18 +487,27 @@ class PolicyCore:
         if self._caps is None or self._caps[0] is not alive:
             self._caps = (alive, [NodeCap(n.node, n.gpus, n.cpus, n.mem_gb) for n in alive])
         nodes = self._caps[1]
-        jobs = self._inputs(event.time)
+        listed = not getattr(self.engine, "waiting_clock", True)
+        jobs = self._listed_inputs(event.time) if listed else self._inputs(event.time)
         changed_only = getattr(self.engine, "schedule_changed", None) if nodes and not self._unasked else None
         """an engine that leaves out the outcomes that are the same objects as last round's (`RubickEngine`); not
         after a round that did not ask the engine (no live node), whose pending reasons no outcome gave"""
         self._unasked = not nodes
-        outcomes = (changed_only or self.engine.schedule)(nodes, jobs) if nodes else []
+        if not nodes:
+            outcomes = []
+        elif changed_only is not None and listed:  # the inputs kept between rounds, and those made again since
+            outcomes = changed_only(nodes, jobs, self._touched)
+        else:
+            outcomes = (changed_only or self.engine.schedule)(nodes, list(jobs.values()) if listed else jobs)
+        if nodes and listed:
+            self._touched = set()  # the engine has seen every input as it is now
         outcomes += self._withdrawn()
         if getattr(self.engine, "held_back", False):
             self.dirty = True  # a hold on a job just changed kept something from happening: the next tick retries
         decisions = []
         every = changed_only is None
-        pending_now = self._pending_of(outcomes, jobs, every) if self.reasons else {}
+        pending_now = self._pending_of(outcomes, list(jobs.values()) if listed and every else jobs,
+                                       every) if self.reasons else {}
         last, states, new = self.last, self.state.jobs, []
         for o in outcomes:  # most repeat the last round's: only the others are sorted (a job's id is in one)
             prev = last.get(o.job_id)
@@ -536,7 +552,7 @@ class PolicyCore:
             left = [j for j in pending if j not in pending_now]
         else:  # a job whose outcome was left out has its reason of last round; the others are those given now
             left = {o.job_id for o in outcomes if o.job_id in pending and o.job_id not in pending_now}
-            left |= pending.keys() - {j.job_id for j in jobs}  # not asked of the engine: over, or no model
+            left |= pending.keys() - (jobs.keys() if listed else {j.job_id for j in jobs})  # over, or no model
             for job_id in left:
                 self._made.pop(job_id, None)
         for job_id in left:

@@ -78,15 +78,24 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
 
     core = core_for("rubick", hold_s=None, hold_backoff_s=40.0)  # changes older than 40 s are forgotten
     c = Clock()
-    seen = {"rounds": 0, "inputs": 0, "again": 0, "changed_before": 0, "asleep": 0}
+    seen = {"rounds": 0, "inputs": 0, "again": 0, "changed_before": 0, "asleep": 0, "delta": 0}
     clock = {"remaining_iters", "elapsed_s", "changed_s", "recent_changes", "ref_iter_s"}
     assert core.engine.waiting_clock is False
     last: dict[str, object] = {}
     schedule = core.engine.schedule_changed  # what the service asks of an engine that has it
 
-    def checked(nodes, jobs):
+    handed: dict[str, object] = {}
+
+    def checked(nodes, jobs, touched=None):
         t = c.t
-        for inp in jobs:
+        if touched is not None:  # the promise the engine looks at only these on: the others are as handed last
+            seen["delta"] += 1
+            for job_id, inp in jobs.items():
+                assert job_id in touched or handed.get(job_id) is inp, job_id
+            assert handed.keys() - jobs.keys() <= set(touched)  # a job handed then and not now is named
+        handed.clear()
+        handed.update(jobs)
+        for inp in jobs.values():
             fresh = core.job_in(core.state.jobs[inp.job_id], t)
             asleep = not fresh.running and not fresh.guaranteed
             seen["asleep"] += asleep and last.get(inp.job_id) is inp
@@ -99,7 +108,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
             last[inp.job_id] = inp
         seen["rounds"] += 1
         seen["inputs"] += len(jobs)
-        return schedule(nodes, jobs)
+        return schedule(nodes, jobs, touched)
 
     core.engine.schedule_changed = checked
     core.handle(c.ev("clock.tick", ClockTick(seq=0, period_s=60.0)))
@@ -186,6 +195,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     assert seen["rounds"] >= 10 and seen["again"] >= 30  # waiting jobs' inputs were taken again, and checked
     assert seen["changed_before"] > 0  # a waiting job that a decision changed before: its recent changes count
     assert seen["asleep"] >= 10  # waiting best-effort jobs handed over as they were
+    assert seen["delta"] >= 10  # with the jobs whose inputs changed named
     assert core.state.jobs[a].priority == 7 and core.state.jobs[b].status != "suspended"
     assert core.state.jobs[victim].iterations_done == 100
 

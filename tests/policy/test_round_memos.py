@@ -136,8 +136,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 
     real_changed = engine_mod.RubickEngine.schedule_changed
 
-    def changed(self, nodes, jobs):
-        outcomes = real_changed(self, nodes, jobs)
+    def changed(self, nodes, jobs, touched=None):
+        outcomes = real_changed(self, nodes, jobs, touched)
         calls["left_out"] += len(jobs) - len(outcomes)
         return outcomes
 
@@ -537,3 +537,63 @@ def test_a_running_jobs_outcome_is_given_again_only_while_every_part_of_it_is_th
     after = round_of(inp)
     assert after is not kept and after.throughput != kept.throughput
     assert round_of(inp) is after
+
+
+def test_a_round_told_which_inputs_changed_looks_at_the_sleepers_of_a_refitted_kind_again():
+    """Handed the inputs as a mapping with the jobs whose inputs changed (`touched`), a round looks at no other
+    sleeper, but those of a kind whose model was refitted: their records are made again from the new curves. Round
+    by round the outcomes are a fresh engine's, handed every input; a job that left is forgotten."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    gpt2 = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    bert = engine_mod.JobKind(models["bert"], models["bert"].spec.global_batch_size)
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    holder = engine_mod.JobIn("holder", "t0", False, bert, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                              current_plan=Plan(dp=8), running=True, priority=5, remaining_iters=1e6, changed_s=0.0)
+    waiting = {f"w{i}": engine_mod.JobIn(f"w{i}", "t0", False, gpt2 if i % 2 else bert, i + 1, 4, 16, Plan(dp=4))
+               for i in range(6)}
+    looked, made = [], []
+    real_fall, real_prepare = engine_mod.RubickEngine._fall_asleep, engine_mod.RubickEngine._prepare
+
+    def fall(self, job, kind, version):  # a job looked at and found asleep
+        looked.append(job.id)
+        return real_fall(self, job, kind, version)
+
+    def prepare(self, inp, memo=None, record=None):  # a job looked at and made again
+        looked.append(inp.job_id)
+        made.append(inp.job_id)
+        return real_prepare(self, inp, memo, record)
+
+    def round_of(jobs, touched):
+        looked.clear()
+        made.clear()
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        seen = (list(looked), list(made))
+        fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
+        for o in fresh:  # a job left out gives last round's outcome again
+            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+        assert set(engine.jobs) == set(jobs)
+        looked[:], made[:] = seen
+        return out
+
+    engine_mod.RubickEngine._fall_asleep, engine_mod.RubickEngine._prepare = fall, prepare
+    try:
+        jobs = {"holder": holder, **waiting}
+        round_of(jobs, None)
+        round_of(jobs, set())
+        assert engine._sleeping.keys() == waiting.keys()
+        round_of(jobs, set())
+        assert not set(looked) & waiting.keys()  # nothing touched them: not looked at
+        params = dict(oracle.params.get("gpt2", PerfParams()).as_dict())
+        params["k_bwd"] = params.get("k_bwd", 1.0) * 3.0
+        oracle.update(ModelUpdated(model_type="gpt2", version=5, params=params, n_points=1, rmsle=0.0))
+        round_of(jobs, set())
+        assert set(looked) & waiting.keys() == set(made) & waiting.keys() == {"w1", "w3", "w5"}  # made again
+        del jobs["holder"]  # its GPUs free: sleepers of both kinds are tried
+        out = round_of(jobs, {"holder"})
+        assert any(o.shares for o in out.values())
+        del jobs["w0"]
+        round_of(jobs, {"w0"})
+    finally:
+        engine_mod.RubickEngine._fall_asleep, engine_mod.RubickEngine._prepare = real_fall, real_prepare
