@@ -387,7 +387,11 @@ class RubickEngine:
         """id of a kind -> its memo key (`PlanBook._key`), for this round"""
         fell_asleep: list[_Job] = []
         to_make = []
-        if touched is None or not hasattr(self, "_sleep_kinds") or type(jobs) is not dict:
+        whole = touched is None or not getattr(self, "_ended", False) or type(jobs) is not dict
+        self._ended = False
+        """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
+        the next round looks at every input"""
+        if whole:
             # every input looked at: this round's records, sleepers and memos made again whole
             given = jobs.values() if type(jobs) is dict else jobs
             prepared, self._prepared = getattr(self, "_prepared", {}), {}
@@ -470,6 +474,7 @@ class RubickEngine:
             if job.idle_plain:
                 del self._unplain[job.id]
         self._woken_last = self._woken
+        self._ended = True
         return out
 
     def _fall_asleep(self, job: _Job, kind: JobKind, version: tuple) -> None:

@@ -597,3 +597,37 @@ def test_a_round_told_which_inputs_changed_looks_at_the_sleepers_of_a_refitted_k
         round_of(jobs, {"w0"})
     finally:
         engine_mod.RubickEngine._fall_asleep, engine_mod.RubickEngine._prepare = real_fall, real_prepare
+
+
+def test_a_round_cut_short_makes_the_next_look_at_every_input():
+    """A round that ends in an error leaves its sleepers half looked at: the next round, though told which inputs
+    changed, looks at every one, and its outcomes are a fresh engine's."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    bert = engine_mod.JobKind(models["bert"], models["bert"].spec.global_batch_size)
+    holder = engine_mod.JobIn("holder", "t0", False, bert, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                              current_plan=Plan(dp=8), running=True, priority=5, remaining_iters=1e6, changed_s=0.0)
+    jobs = {"holder": holder, **{f"w{i}": engine_mod.JobIn(f"w{i}", "t0", False, bert, i + 1, 4, 16, Plan(dp=4))
+                                 for i in range(3)}}
+    engine.schedule_changed(nodes, jobs, None)
+    engine.schedule_changed(nodes, jobs, set())
+    assert engine._sleeping.keys() == {"w0", "w1", "w2"}
+    real = engine_mod.RubickEngine._prepare
+
+    def broken(self, inp, memo=None, record=None):
+        if inp.job_id == "holder":
+            raise RuntimeError("cut short")
+        return real(self, inp, memo, record)
+
+    engine_mod.RubickEngine._prepare = broken
+    try:
+        with pytest.raises(RuntimeError):
+            engine.schedule_changed(nodes, jobs, {"w0"})
+    finally:
+        engine_mod.RubickEngine._prepare = real
+    out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}  # nothing changed since
+    fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    assert [facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) for o in fresh] == list(map(facts, fresh))
+    assert fresh[0].job_id == "holder" and fresh[0].shares and set(engine.jobs) == set(jobs)
