@@ -187,6 +187,8 @@ class _Job:
     placed_memo: tuple | None = None
     """(GPUs per node, CPUs per GPU, `version`, best plan) of the last placement `_place_current` read: a running
     job's is most often the same round after round"""
+    cpu_memo: tuple | None = None
+    """(GPUs per node, CPUs per GPU, `version`, reference, slope) of the last `RubickEngine._cpu_slope_up` worked out"""
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
@@ -745,36 +747,46 @@ class RubickEngine:
 
     def _place_current(self) -> None:
         nodes, free_g, free_c, free_m, on_node = self.nodes, self.free_g, self.free_c, self.free_m, self.on_node
-        for job in self._awake:
+        placed = self.placed
+        for job in self._awake:  # every running job, every round: written for speed (`_cpg_of` worked out inline)
             current = job.inp.current
             if not current:
                 continue
+            g_on, c_on, job_id = job.g_on, job.c_on, job.id
+            total, low = 0, None
             for node, (g, c) in sorted(current.items()) if len(current) > 1 else current.items():
                 if node not in nodes or g <= 0:
                     if g > 0:
                         job.forced = True
                         job.reason, job.detail = "node-lost", {"node": node}
                     continue
-                g = min(g, free_g[node])
-                c = min(c, free_c[node])
+                fg, fc = free_g[node], free_c[node]
+                if fg < g:
+                    g = fg
+                if fc < c:
+                    c = fc
                 if g <= 0:
                     job.forced = True
                     continue
-                job.g_on[node] = g
-                job.c_on[node] = c
-                job.g += g
-                free_g[node] -= g
-                free_c[node] -= c
+                g_on[node] = g
+                c_on[node] = c
+                total += g
+                free_g[node] = fg - g
+                free_c[node] = fc - c
+                r = c // g
+                if low is None or r < low:
+                    low = r
                 m = job.inp.current_mem.get(node)
                 if m:
                     m = min(m, max(0.0, free_m[node]))
                     if m > 0:
                         job.mem_on[node] = m
                         free_m[node] -= m
-                on_node[node].add(job.id)
-                self.placed[job.id] = job
-            if job.g:
-                gpus, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+                on_node[node].add(job_id)
+                placed[job_id] = job
+            if total:
+                job.g += total
+                gpus, cpg = tuple(g_on.values()), (low if low > 1 else 1)
                 memo = job.placed_memo
                 if memo is not None and memo[0] == gpus and memo[1] == cpg and memo[2] is job.version:
                     best = memo[3]  # what it held last round, at the same model version: the same best plan
@@ -976,11 +988,16 @@ class RubickEngine:
         if not job.inp.kind.offload or job.ref <= 0:
             return 0.0  # only ZeRO-Offload runs anything on the CPUs: a flat curve
         place, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+        memo = job.cpu_memo  # a running job's, most often the same as last round's
+        if memo is not None and memo[0] == place and memo[1] == cpg and memo[2] is job.version and memo[3] == job.ref:
+            return memo[4]
 
         def slope() -> float:
             curve = self._cpu_curve(job)
             return slope_up(curve, cpg, len(curve) - 1)
-        return self.book.memo(job.inp.kind, ("cpu-up", canonical(place), cpg, job.ref), slope)
+        value = self.book.memo(job.inp.kind, ("cpu-up", canonical(place), cpg, job.ref), slope)
+        job.cpu_memo = (place, cpg, job.version, job.ref, value)
+        return value
 
     # --- ScheduleJob -------------------------------------------------------------------------
     def _free_nodes(self) -> list[str]:
