@@ -1201,21 +1201,28 @@ class RubickEngine:
             return False
         return not self.fixed_resources
 
-    def _lowest_slope_over_min(self, node: str, job: _Job, limit: float, memo: dict | None = None) -> _Job | None:
+    def _lowest_slope_over_min(self, node: str, job: _Job, limit: float, memo: dict | None = None,
+                               live: dict | None = None) -> _Job | None:
         """The job on `node` with the lowest priority, then slope, that `job` may take a GPU from (a slope
         below `limit` among its own priority, any slope below it) and that may give up a GPU there.
 
         `memo` (an attempt in the round's queue that has shrunk no job yet): what the search reads of the jobs on
         the node (`_candidates`), kept for the next attempts; a kept attempt drops the nodes it changed
-        (`_forget`)."""
+        (`_forget`). `live` (the attempt's own): what it reads of the jobs on the nodes it visited as they are now,
+        kept up to date as it shrinks them (`_shrunk`): a search takes one GPU at a time, and read them again at
+        each."""
         prio = job.inp.priority
         # in id order: the victim chosen does not depend on the order (its key decides), but whether a held job
         # was passed over (`held_back`, the pending reason `held`) must not depend on a set's hash order
         slot = memo.get(node) if memo is not None else None
+        if slot is None and live is not None:
+            slot = live.get(node)
         if slot is None:
             slot = [self._candidates(node), None]
             if memo is not None and job.id not in self.on_node[node]:
                 memo[node] = slot  # read of jobs as they were when the attempt began (it holds nothing here)
+            elif live is not None:
+                live[node] = slot
         entries = slot[0]
         finite = math.isfinite(limit)
         if memo is not None and finite and not job.g_on and job.g >= job.min_g:
@@ -1245,6 +1252,26 @@ class RubickEngine:
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
             best, best_key = e[4], key
         return best
+
+    def _shrunk(self, live: dict[str, list], v: _Job, node: str) -> None:
+        """Keep an attempt's `live` reads as `_candidates` would make them again after `v` gave up a GPU on `node`: its
+        entry on every node it holds made again (its slope down changed), and dropped where it left the node. The
+        other jobs' entries do not change: the attempt changed nothing else of theirs."""
+        vid = v.id
+        for n in v.g_on if node in v.g_on else (node, *v.g_on):
+            slot = live.get(n)
+            if slot is None:
+                continue
+            entries = slot[0]
+            for i, e in enumerate(entries):
+                if e[0] == vid:
+                    if n in v.g_on:
+                        down, vp = v.down(), v.inp.priority
+                        entries[i] = [vid, vp, down, (vp, down, -v.inp.order, vid), v, None, e[6]]
+                    else:
+                        del entries[i]
+                    break
+            slot[1] = None
 
     def _lowest_of(self, node: str, entries: list[list]) -> tuple[tuple | None, tuple | None]:
         """The lowest (priority, slope down) of the entries that may give up a GPU on `node`: of those not held,
@@ -1401,6 +1428,8 @@ class RubickEngine:
                 return False
         self._skipped_held = False
         victims: dict[str, _Job] = {}
+        live: dict[str, list] = {}
+        """node -> [`_candidates` as they are now, None], for this attempt (`_lowest_slope_over_min`)"""
         floor = self.lowest
         """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
         began), or that of a job shrunk since"""
@@ -1431,10 +1460,11 @@ class RubickEngine:
                 continue  # no job here has a slope (or priority) below the job's own: the search would find none
             while target - job.g > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
                 victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up(),
-                                                     None if victims else scans)
+                                                     None if victims else scans, live)
                 if victim is None:
                     break
                 self._move(jr, node, victim, job, 1)
+                self._shrunk(live, victim, node)
                 victims[victim.id] = victim
                 if self._over_min(victim):
                     floor = min(floor, (victim.inp.priority, victim.down()))

@@ -153,11 +153,11 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
         calls["candidates"] += 1
         return real_candidates(self, node)
 
-    def watched(self, node, job, limit, memo=None):
+    def watched(self, node, job, limit, memo=None, live=None):
         before = self._skipped_held
         self._skipped_held = False
         try:
-            return real_lowest(self, node, job, limit, memo)
+            return real_lowest(self, node, job, limit, memo, live)
         finally:
             calls["held"] += self._skipped_held
             self._skipped_held = self._skipped_held or before
@@ -172,8 +172,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
-    def no_memo(self, node, job, limit, memo=None):
-        return watched(self, node, job, limit, None)
+    def no_memo(self, node, job, limit, memo=None, live=None):
+        return watched(self, node, job, limit, None, None)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", no_memo)
     monkeypatch.setattr(engine_mod.RubickEngine, "_repeat_key", lambda self, job: None)
