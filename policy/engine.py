@@ -1257,21 +1257,24 @@ class RubickEngine:
         """Keep an attempt's `live` reads as `_candidates` would make them again after `v` gave up a GPU on `node`: its
         entry on every node it holds made again (its slope down changed), and dropped where it left the node. The
         other jobs' entries do not change: the attempt changed nothing else of theirs."""
-        vid = v.id
         for n in v.g_on if node in v.g_on else (node, *v.g_on):
             slot = live.get(n)
-            if slot is None:
-                continue
-            entries = slot[0]
-            for i, e in enumerate(entries):
-                if e[0] == vid:
-                    if n in v.g_on:
-                        down, vp = v.down(), v.inp.priority
-                        entries[i] = [vid, vp, down, (vp, down, -v.inp.order, vid), v, None, e[6]]
-                    else:
-                        del entries[i]
-                    break
-            slot[1] = None
+            if slot is not None:
+                self._shrunk_on(slot[0], v, n)
+                slot[1] = None
+
+    @staticmethod
+    def _shrunk_on(entries: list[list], v: _Job, node: str) -> None:
+        """`_shrunk` on one node's entries (made again, never changed in place: a round's memo may share them)."""
+        vid = v.id
+        for i, e in enumerate(entries):
+            if e[0] == vid:
+                if node in v.g_on:
+                    down, vp = v.down(), v.inp.priority
+                    entries[i] = [vid, vp, down, (vp, down, -v.inp.order, vid), v, None, e[6]]
+                else:
+                    del entries[i]
+                return
 
     def _lowest_of(self, node: str, entries: list[list]) -> tuple[tuple | None, tuple | None]:
         """The lowest (priority, slope down) of the entries that may give up a GPU on `node`: of those not held,
@@ -1458,6 +1461,13 @@ class RubickEngine:
                 continue  # no job anywhere has a slope (or priority) below the job's own any more: free GPUs only
             if job.g >= job.min_g and self._none_below(node, job, victims):
                 continue  # no job here has a slope (or priority) below the job's own: the search would find none
+            if victims and scans is not None and node not in live:  # read as the attempt began, but what it shrank
+                start = scans.get(node)
+                if start is not None:
+                    entries = list(start[0])
+                    live[node] = [entries, None]
+                    for v in victims.values():
+                        self._shrunk_on(entries, v, node)
             while target - job.g > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
                 victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up(),
                                                      None if victims else scans, live)

@@ -631,3 +631,56 @@ def test_a_round_cut_short_makes_the_next_look_at_every_input():
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
     assert [facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) for o in fresh] == list(map(facts, fresh))
     assert fresh[0].job_id == "holder" and fresh[0].shares and set(engine.jobs) == set(jobs)
+
+
+def _scenario(rng: random.Random, models) -> tuple[list, list]:
+    """Small nodes and jobs spread over several of them, running at random priorities, and jobs waiting: searches
+    shrink jobs that hold GPUs on more than one node."""
+    nodes = [engine_mod.NodeCap(f"n{i}", 4, 48, 800.0) for i in range(rng.randint(3, 6))]
+    free = {n.name: 4 for n in nodes}
+    kinds = [(name, engine_mod.JobKind(models[name], models[name].spec.global_batch_size))
+             for name in ("gpt2", "bert", "vit")]
+    jobs = []
+    for i in range(rng.randint(3, 9)):
+        _, kind = rng.choice(kinds)
+        current = {}
+        for n in rng.sample(sorted(free), rng.randint(1, 3)):
+            g = min(free[n], rng.randint(1, 3))
+            if g > 0:
+                free[n] -= g
+                current[n] = (g, 4 * g)
+        gpus = sum(g for g, _ in current.values())
+        if not gpus:
+            continue
+        jobs.append(engine_mod.JobIn(f"r{i}", "t0", False, kind, i, gpus, 4 * gpus, Plan(dp=gpus), current=current,
+                                     current_plan=Plan(dp=gpus), running=True, priority=rng.randint(0, 2),
+                                     remaining_iters=rng.choice([10.0, 1e7]), changed_s=1e6))
+    for i in range(rng.randint(0, 4)):
+        _, kind = rng.choice(kinds)
+        g = rng.choice([1, 2, 4])
+        jobs.append(engine_mod.JobIn(f"w{i}", "t0", False, kind, 100 + i, g, 4 * g, Plan(dp=g),
+                                     priority=rng.randint(0, 2)))
+    return nodes, jobs
+
+
+def test_searches_over_jobs_on_several_nodes_find_what_a_search_without_memos_finds(monkeypatch):
+    """Random rounds on small nodes, where jobs hold GPUs on several nodes and are shrunk one GPU at a time: every
+    outcome and the hold flag of an engine with its memos (the round's reads of the nodes, an attempt's own reads
+    kept up to date as it shrinks jobs) are those of an engine that reads every node again at every step."""
+    oracle, models = from_modeler(MODELER)
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    rng = random.Random(5)  # among its cases, one where a stale read of a job shrunk on another node changes a choice
+    cases = [_scenario(rng, models) for _ in range(150)]
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    with_memos = []
+    for nodes, jobs in cases:
+        with_memos.append(([facts(o) for o in engine.schedule(nodes, jobs)], engine.held_back))
+    real = engine_mod.RubickEngine._lowest_slope_over_min
+    monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min",
+                        lambda self, node, job, limit, memo=None, live=None: real(self, node, job, limit))
+    monkeypatch.setattr(engine_mod.RubickEngine, "_repeat_key", lambda self, job: None)
+    bare = make_policy("rubick", oracle=oracle, models=models).engine
+    without = [([facts(o) for o in bare.schedule(nodes, jobs)], bare.held_back) for nodes, jobs in cases]
+    shrunk = sum(any(o[4] == "shrunk" for o in outs) for outs, _ in with_memos)
+    assert shrunk > 10  # searches shrank jobs
+    assert with_memos == without
