@@ -484,10 +484,9 @@ class RubickEngine:
         those whose outcome is made again while its last one is not the plain one."""
         job.sleeping = True
         self._sleeping[job.id] = job
-        group = self._sleep_kinds.get(id(kind))
-        if group is None or group[1] is not version:
-            group = self._sleep_kinds[id(kind)] = (kind, version, set())
-        group[2].add(job.id)
+        # a kind's sleepers all sleep at its current version (a refit wakes them all); were one listed at an older
+        # one, the next round would find the version changed and look at them all again
+        self._sleep_kinds.setdefault(id(kind), (kind, version, set()))[2].add(job.id)
         if not job.idle_plain:
             self._unplain[job.id] = job
 
