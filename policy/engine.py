@@ -1414,6 +1414,9 @@ class RubickEngine:
             self.why[job.id] = "no-gpus"
             return False
         queued = self._failed is not None and jr is None and only is None  # an attempt of the round's queue
+        if queued and self.held_back and self._too_short(job):
+            self.why[job.id] = "held"  # the restart rule: no change could pay its restart
+            return True
         repeat = self._repeat_key(job) if queued else None
         if repeat is not None and repeat in self._failed:
             self.why[job.id] = self._failed[repeat]
@@ -1784,6 +1787,16 @@ class RubickEngine:
         need = self.book.oracle.host_mem_gb(kind.model, kind.global_batch, best.placement,
                                             best.plan) if best.plan.offload else 0.0
         return need / max(1, len(job.g_on)), job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
+
+    def _too_short(self, job: _Job) -> bool:
+        """Whether a running job at its minimum or over has less work left at its current speed than one restart:
+        whatever its attempt gathered, the time saved (`_worth_it`) would be less than that, so the restart rule would
+        refuse the change and the attempt be undone whole. Its search is not run once the round is already to be run
+        again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone."""
+        old, inp = job.best, job.inp
+        if not inp.running or job.g < max(1, job.min_g) or old is None or not old.throughput > 0:
+            return False
+        return inp.remaining_iters * (inp.kind.global_batch / old.throughput) <= self.restart_cost_s
 
     def _worth_it(self, job: _Job, old: Best | None, victims: dict[str, _Job]) -> bool:
         """The restart rule for a running job's own change."""

@@ -29,12 +29,13 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 
 
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
-          mem_gb: float = 1600.0, owners: bool = False) -> tuple[list[bytes], object]:
+          mem_gb: float = 1600.0, owners: bool = False, short: bool = False) -> tuple[list[bytes], object]:
     """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then, and
-    every node lost for a while)."""
+    every node lost for a while; `short`: two jobs in three with few iterations, less than a restart takes at most speeds, and
+    holds of 10 s)."""
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
-    core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas)
+    core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas, hold_s=10.0 if short else None)
     rng = random.Random(seed)
     out: list[bytes] = []
     clock = {"t": 0.0, "n": 0}
@@ -71,8 +72,9 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
         nonlocal count
         model, gpus, plan = rng.choice(KINDS)
         count += 1
+        iters = (30, 100, 10**5)[count % 3] if short else 10**5
         feed("job.submitted", job(f"j{count:03d}", model, models[model].spec.global_batch_size, plan, gpus,
-                                  guaranteed=count % 3 == 0, tenant=f"t{count % 4}", iters=10**5), dt=1.0)
+                                  guaranteed=count % 3 == 0, tenant=f"t{count % 4}", iters=iters), dt=1.0)
 
     for _ in range(jobs):
         submit()
@@ -684,3 +686,46 @@ def test_searches_over_jobs_on_several_nodes_find_what_a_search_without_memos_fi
     shrunk = sum(any(o[4] == "shrunk" for o in outs) for outs, _ in with_memos)
     assert shrunk > 10  # searches shrank jobs
     assert with_memos == without
+
+
+@pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0), (3, 1600.0)])
+def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkeypatch, seed, mem_gb):
+    """A running job whose work left at its current speed takes less than one restart, in a round already to be run
+    again, is answered `held` without a search (`_too_short`): each time, the search itself, run there and then, is
+    refused by the restart rule and leaves every job as it was; the events published are those of a core that
+    searches for every such job. With 20 GB a node, some plans' host memory does not fit where the job runs."""
+    real = engine_mod.RubickEngine._too_short
+    search = engine_mod.RubickEngine._schedule_job
+    seen = {"short": 0, "not": 0}
+
+    def checked(self, job, *, _real=real):
+        answer = _real(self, job)
+        if not answer:
+            seen["not"] += 1
+            return False
+        seen["short"] += 1
+        state = {j.id: (dict(j.g_on), dict(j.c_on), dict(j.mem_on), j.best, j.forced) for j in self.jobs.values()}
+        held_back, why = self.held_back, self.why.get(job.id)
+        monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", lambda self, job: False)
+        try:
+            assert search(self, job) is True
+        finally:
+            monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", checked)
+        assert self.why[job.id] == "held"
+        assert {j.id: (dict(j.g_on), dict(j.c_on), dict(j.mem_on), j.best, j.forced)
+                for j in self.jobs.values()} == state
+        assert self.held_back == held_back
+        if why is None:
+            del self.why[job.id]
+        else:
+            self.why[job.id] = why
+        return True
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", checked)
+    shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True)
+    assert seen["short"] > 50 and seen["not"] > 500, seen
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", lambda self, job: False)
+    searched_each_time, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True)
+    assert sum(b"plan.decided" in b for b in shortcut) >= 10
+    assert shortcut == searched_each_time
