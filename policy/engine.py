@@ -1320,19 +1320,24 @@ class RubickEngine:
         `job`'s own, so that it would answer None and pass over no held job. The lowest key listed under the
         node bounds those of the jobs not shrunk in this attempt (their keys are current; a job that left the
         node since only lowers the bound); the jobs shrunk in it (`victims`) are looked at with their slopes now.
-        `limit`: the job's slope, where not the one it has now."""
+        `limit`: the job's slope, where not the one it has now.
+
+        Once the attempt has passed over a held job (`_skipped_held`, and the round's `held_back` with it), the held
+        jobs are left out too: at or over its minimum (the only case asked) the search passes over them, and passing
+        over another sets only what is set already."""
         if limit is None:
             limit = job.up()
         if not math.isfinite(limit):
             return False
-        prio = job.inp.priority
-        for key in self._node_keys[node][:2]:  # the lowest, or the next when the lowest is the job's own
-            if key[3] != job.id:
+        prio, me = job.inp.priority, job.id
+        held = self.held if self._skipped_held else ()
+        for key in self._node_keys[node]:  # the lowest but the job's own (and the held ones, as above)
+            if key[3] != me and key[3] not in held:
                 if key[0] < prio or (key[0] == prio and key[1] + EPS < limit):
                     return False
                 break
         for v in victims.values():
-            if node in v.g_on and v.id in self._dkey:
+            if node in v.g_on and v.id in self._dkey and v.id not in held:
                 if v.inp.priority < prio or (v.inp.priority == prio and v.down() + EPS < limit):
                     return False
         return True

@@ -29,13 +29,14 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 
 
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
-          mem_gb: float = 1600.0, owners: bool = False, short: bool = False) -> tuple[list[bytes], object]:
+          mem_gb: float = 1600.0, owners: bool = False, short: bool = False,
+          hold_s: float | None = None) -> tuple[list[bytes], object]:
     """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then, and
-    every node lost for a while; `short`: two jobs in three with few iterations, less than a restart takes at most speeds, and
-    holds of 10 s)."""
+    every node lost for a while; `short`: two jobs in three with few iterations, less than a restart takes at most speeds;
+    `hold_s`: the policy's hold, None for its default)."""
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
-    core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas, hold_s=10.0 if short else None)
+    core = make_policy("rubick", oracle=oracle, models=models, quotas=quotas, hold_s=hold_s)
     rng = random.Random(seed)
     out: list[bytes] = []
     clock = {"t": 0.0, "n": 0}
@@ -224,7 +225,9 @@ def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
             seen["checked"] += 1
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_forget", checked)
-    drive(seed, nodes=16, jobs=160, steps=30, cpus=12)  # few CPUs: ZeRO-Offload jobs take them from others
+    # few CPUs: ZeRO-Offload jobs take them from others; short holds: few held jobs, whose nodes a search that passed
+    # over one passes without reading (`_none_below`), so the searches read many nodes into the memo
+    drive(seed, nodes=16, jobs=160, steps=30, cpus=12, hold_s=10.0)
     assert seen["checked"] > 100 and seen["dropped"] > 10
 
 
@@ -722,10 +725,47 @@ def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkey
         return True
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", checked)
-    shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True)
+    shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
     assert seen["short"] > 50 and seen["not"] > 500, seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", lambda self, job: False)
-    searched_each_time, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True)
+    searched_each_time, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == searched_each_time
+
+
+@pytest.mark.parametrize("seed,short", [(1, False), (2, False), (3, True)])
+def test_a_search_that_passed_over_a_held_job_passes_nodes_where_only_held_jobs_are_below_it(monkeypatch, seed, short):
+    """Once an attempt has passed over a held job, `_none_below` leaves the held jobs out: each time that makes it
+    pass a node it would not have passed before, the search there (`_lowest_slope_over_min`, read afresh) finds no
+    job to shrink, and the flags it would set are set already; the events published are those of a core whose
+    `_none_below` looks at every job."""
+    real = engine_mod.RubickEngine._none_below
+    seen = {"passed": 0, "same": 0}
+
+    def every_job(self, node, job, victims, limit=None):
+        skipped, self._skipped_held = self._skipped_held, False
+        try:
+            return real(self, node, job, victims, limit)
+        finally:
+            self._skipped_held = skipped
+
+    def checked(self, node, job, victims, limit=None):
+        answer = real(self, node, job, victims, limit)
+        if not answer or every_job(self, node, job, victims, limit):
+            seen["same"] += 1
+            return answer
+        seen["passed"] += 1
+        assert self._skipped_held and self.held_back and job.g >= job.min_g
+        assert self._lowest_slope_over_min(node, job, job.up() if limit is None else limit) is None
+        assert self._skipped_held and self.held_back
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_none_below", checked)
+    passing, _ = drive(seed, nodes=24, jobs=120, short=short, hold_s=10.0 if short else None)
+    assert seen["passed"] > 20 and seen["same"] > 100, seen
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_none_below", every_job)
+    looking_at_every_job, _ = drive(seed, nodes=24, jobs=120, short=short, hold_s=10.0 if short else None)
+    assert sum(b"plan.decided" in b for b in passing) >= 10
+    assert passing == looking_at_every_job
