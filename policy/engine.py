@@ -338,6 +338,8 @@ class RubickEngine:
         self._lo_p, self._lo_s = layout[6].copy(), layout[6].copy()
         """by `_by_name`: the priority and slope of the lowest key listed under each node in `_node_keys` (infinite
         where none); `_reindex` keeps them"""
+        self._un_p, self._un_s = layout[6].copy(), layout[6].copy()
+        """the same for the keys of the jobs not held (`_unheld_keys`)"""
         self.free_g, self.free_c, self.free_m = dict(layout[7]), dict(layout[8]), dict(layout[9])
         self.on_node: dict[str, set[str]] = {n: set() for n in self.order}
         last_round = getattr(self, "jobs", {})
@@ -350,6 +352,8 @@ class RubickEngine:
         lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
         self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n: [] for n in self.order}
+        self._unheld_keys: dict[str, list[tuple[int, float, int, str]]] = {}
+        """node -> those of its `_node_keys` whose jobs are not held (a node is listed once a key is)"""
         """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
@@ -1083,30 +1087,35 @@ class RubickEngine:
         the attempt ends. A short tail whole; of a long one, while the job is at its minimum or over and its slope
         up is finite, only a node whose lowest key listed in `_node_keys` has a priority, or slope, below the job's
         own, one where a job it shrank holds GPUs, and one its own key is listed under: on any other the search
-        would do nothing (`_none_below`; no GPU is free there, as none was when the attempt began). What it reads
-        is worked out when the search asks for the next node: the job's GPUs and slope change as it takes them."""
+        would do nothing (`_none_below`; no GPU is free there, as none was when the attempt began). Once the search
+        has passed over a held job, of a tail short or long, the same with the lowest keys of the jobs not held
+        (`_unheld_keys`): `_none_below` then leaves the held ones out. What it reads is worked out when the search
+        asks for the next node: the job's GPUs and slope change as it takes them."""
         yield from order.head()
         if not order.end:
             return
         if order.tail is None:
             order.tail, order.tidx = self._shrinkable(order.end, order.seen())
         tail, tidx = order.tail, order.tidx
-        if len(tail) <= _SKIP_FROM:
-            yield from tail
-            return
+        short = len(tail) <= _SKIP_FROM
         n, j, k = len(tidx), 0, 0
-        low_p = low_s = cand = seen_at = None
+        cand = seen_at = None
+        lows: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
         while j < n:
-            if job.g < job.min_g or not math.isfinite(limit := job.up()):
+            unheld = self._skipped_held
+            if job.g < job.min_g or not math.isfinite(limit := job.up()) or (short and not unheld):
                 yield tail[j]
                 j, seen_at = j + 1, None
                 continue
-            state = (limit, len(victims))
+            state = (limit, len(victims), unheld)
             if state == seen_at:  # the positions to visit are as they were: the next one is the next listed
                 k += 1
             else:
-                if low_p is None:
-                    low_p, low_s = self._lo_p[tidx], self._lo_s[tidx]
+                low = lows.get(unheld)
+                if low is None:
+                    low = lows[unheld] = ((self._un_p[tidx], self._un_s[tidx]) if unheld
+                                          else (self._lo_p[tidx], self._lo_s[tidx]))
+                low_p, low_s = low
                 prio = job.inp.priority
                 mask = (low_p < prio) | ((low_p == prio) & (low_s + EPS < limit))
                 extra = [*self._dnodes.get(job.id, ())]
@@ -1158,6 +1167,7 @@ class RubickEngine:
 
     def _reindex(self, job: _Job) -> None:
         old = self._dkey.pop(job.id, None)
+        unheld = self._unheld_keys if job.id not in self.held else None
         if old is not None:
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
@@ -1165,7 +1175,13 @@ class RubickEngine:
                 at = bisect.bisect_left(keys, old)
                 del keys[at]
                 if not at:
-                    self._low_changed(node, keys)
+                    self._low_changed(node, keys, self._lo_p, self._lo_s)
+                if unheld is not None:
+                    keys = unheld[node]
+                    at = bisect.bisect_left(keys, old)
+                    del keys[at]
+                    if not at:
+                        self._low_changed(node, keys, self._un_p, self._un_s)
         if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                 job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
             key = (job.inp.priority, job.down(), -job.inp.order, job.id)
@@ -1177,11 +1193,19 @@ class RubickEngine:
                 at = bisect.bisect_left(keys, key)
                 keys.insert(at, key)
                 if not at:
-                    self._low_changed(node, keys)
+                    self._low_changed(node, keys, self._lo_p, self._lo_s)
+                if unheld is not None:
+                    keys = unheld.get(node)
+                    if keys is None:
+                        keys = unheld[node] = []
+                    at = bisect.bisect_left(keys, key)
+                    keys.insert(at, key)
+                    if not at:
+                        self._low_changed(node, keys, self._un_p, self._un_s)
 
-    def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]]) -> None:
+    def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray) -> None:
         i = self._nidx[node]
-        self._lo_p[i], self._lo_s[i] = (keys[0][0], keys[0][1]) if keys else (math.inf, math.inf)
+        p[i], s[i] = (keys[0][0], keys[0][1]) if keys else (math.inf, math.inf)
 
     @property
     def lowest(self) -> tuple[float, float]:

@@ -236,9 +236,10 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
     """The nodes a growing job may shrink (`_shrinkable`), and for a long prefix those read from the lowest keys
     listed under each node (`_shrinkable_listed`, run here for every prefix), are the nodes where the prefix's jobs
     hold GPUs, as reading the jobs themselves gives, by name, with their indices among the nodes by name; the arrays
-    of the lowest keys are those the lists give."""
+    of the lowest keys are those the lists give, and the lists of the keys of jobs not held those of `_node_keys`
+    less the held jobs' keys."""
     real = engine_mod.RubickEngine._shrinkable
-    seen = {"calls": 0, "nodes": 0, "ties": 0}
+    seen = {"calls": 0, "nodes": 0, "ties": 0, "held": 0}
 
     def checked(self, end, mine):
         jobs = self.jobs
@@ -246,6 +247,10 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
         for node, i in self._nidx.items():
             keys = self._node_keys[node]
             assert (self._lo_p[i], self._lo_s[i]) == ((keys[0][0], keys[0][1]) if keys else (math.inf, math.inf))
+            unheld = [k for k in keys if k[3] not in self.held]
+            assert self._unheld_keys.get(node, []) == unheld
+            assert (self._un_p[i], self._un_s[i]) == ((unheld[0][0], unheld[0][1]) if unheld else (math.inf, math.inf))
+            seen["held"] += len(keys) - len(unheld)
         bound = self.by_down[end - 1]
         seen["ties"] += sum(1 for keys in self._node_keys.values() if keys and keys[0][:2] == bound[:2])
         for names, idx in (real(self, end, mine), self._shrinkable_listed(end, mine)):
@@ -257,16 +262,16 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
-    assert seen["calls"] > 50 and seen["nodes"] > 50 and seen["ties"] > 0
+    assert seen["calls"] > 50 and seen["nodes"] > 50 and seen["ties"] > 0 and seen["held"] > 50, seen
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, seed):
+@pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (1, 10**9), (2, 10**9)])
+def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, seed, skip_from):
     """An attempt's walk (`_visits`) works out the nodes of the jobs it may shrink only when the search reaches them,
     and they are those the order would have held had they been worked out as the attempt began; of them it passes
-    the nodes where its search would do nothing (here for every tail however short). The events are those of a
-    core that visits every node, and on each node passed the search would have found no job to shrink
-    (`_none_below` says so, with the same victims) and no free GPU."""
+    the nodes where its search would do nothing (for every tail however short, and for a short one once the search
+    passed over a held job). The events are those of a core that visits every node, and on each node passed the
+    search would have found no job to shrink (`_none_below` says so, with the same victims) and no free GPU."""
     real_visits = engine_mod.RubickEngine._visits
     seen = {"walks": 0, "passed": 0, "tails": 0, "lazy": 0}
 
@@ -296,11 +301,16 @@ def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, see
         seen["walks"] += 1
         seen["tails"] += bool(order.end)
 
-    monkeypatch.setattr(engine_mod, "_SKIP_FROM", 0)
+    def every_node(self, job, order, victims):
+        yield from order.head()
+        if order.end:
+            yield from self._shrinkable(order.end, order.seen())[0]
+
+    monkeypatch.setattr(engine_mod, "_SKIP_FROM", skip_from)
     monkeypatch.setattr(engine_mod.RubickEngine, "_visits", visits)
     skipping, _ = drive(seed, nodes=16, jobs=160, steps=30)
-    assert seen["walks"] > 50 and seen["passed"] > 100 and seen["tails"] > 50 and seen["lazy"] > 50
-    monkeypatch.setattr(engine_mod, "_SKIP_FROM", 10**9)
+    assert seen["walks"] > 50 and seen["passed"] > 100 and seen["tails"] > 50 and seen["lazy"] > 50, seen
+    monkeypatch.setattr(engine_mod.RubickEngine, "_visits", every_node)
     every, _ = drive(seed, nodes=16, jobs=160, steps=30)
     assert skipping == every
 
