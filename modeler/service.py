@@ -20,7 +20,10 @@ the reason, when it pays: its mean relative error on the kept points must be at 
 (default 10%) lower than the current parameters'. Otherwise the current parameters stay and the
 window starts again: an error the model's form cannot follow (a placement it has no term for) would
 else be refitted every few measurements, and every `model.updated` makes the policy recompute the
-type's curves. Re-handling an event id already seen for a type changes nothing.
+type's curves. A refit of the same points (configurations and times) from the same parameters as the last
+refit that published nothing is answered as that one was, without fitting again: a job measured again and
+again on the same configurations keeps its last few points the same. Re-handling an event id already seen
+for a type changes nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ class _TypeState:
     """the agreed fitting points the parameters were seeded from: every refit keeps them"""
     bounds: dict[str, float] | None = None
     """the parameters' error bounds (`modeler.uncertainty.Uncertainty.margins`); None = not estimated"""
+    unpaid: tuple | None = None
+    """the last refit that published nothing: (the parameters it started from, what its points held, whether it
+    started the window again); a refit of the same is answered the same way without fitting again"""
 
 
 def _config_key(cfg: Config) -> tuple:
@@ -232,6 +238,14 @@ class ModelerCore:
 
     def _refit(self, event: Event, key: str, st: _TypeState, reason: str) -> list[Event]:
         pts = [p for k in sorted(st.points, key=repr) for p in st.points[k]]
+        # a fit is a pure function of the points (configurations and times, in this order), the parameters it starts
+        # from and the type's anchors: a refit of the same as the last one that published nothing does the same
+        held = tuple((p.config, p.iter_time_s, p.fwd_s, p.bwd_s, p.opt_s) for p in pts)
+        last = st.unpaid
+        if last is not None and last[0] is st.params and last[1] == held:
+            if last[2]:
+                st.errors = []
+            return []
         result = seen = None
         for subset in (pts, [p for p in pts if not p.config.plan.offload]):
             if not subset:
@@ -243,6 +257,7 @@ class ModelerCore:
             except (FitError, ConfigError):
                 continue
         if result is None or seen is None:
+            st.unpaid = (st.params, held, False)  # no subset of the points can be fitted
             return []
         params = result.params
         if st.params is not None and not result.offload_fitted:  # keep what the points could not inform
@@ -256,12 +271,13 @@ class ModelerCore:
             new = float(np.mean(np.abs(t_iter(st.model, self.env, params, batch) - times) / times))
             if not new < old * (1 - self.min_gain):
                 st.errors = []  # no better: keep the parameters, and wait for a new window
+                st.unpaid = (st.params, held, True)
                 return []
         bounds = None
         if self.refit_folds > 1:
             sigma, used, by = out_of_fold(st.model, self.env, seen, result, folds=self.refit_folds)
             bounds = Uncertainty(sigma, used, by_family=by).margins() if used else None
-        st.params, st.version, st.errors, st.bounds = params, st.version + 1, [], bounds
+        st.params, st.version, st.errors, st.bounds, st.unpaid = params, st.version + 1, [], bounds, None
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason,
                                error_bounds=bounds)

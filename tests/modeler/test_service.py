@@ -267,3 +267,61 @@ async def test_under_the_service_shell(env):
     assert shell.restored > 0
     assert again.types["gpt2"].version == core.types["gpt2"].version
     assert again.types["gpt2"].params == core.types["gpt2"].params
+
+
+def test_a_refit_of_the_same_points_as_the_last_unpublished_one_is_answered_without_fitting(env, monkeypatch):
+    """A job measured again and again on two configurations the model cannot tell apart (plain DP on 8 GPUs, two CPU
+    counts), 30% over and 23% under the prediction: the window passes the threshold every few measurements, and no
+    refit beats the current parameters. Once each configuration keeps its last four measurements, every refit sees
+    the same points as the one before: it is answered as that one was, without fitting. A new time, or parameters
+    adopted from `model.updated`, make the next refit fit again. Outputs and state after every event are those of a
+    core that fits at every refit."""
+    import modeler.service as service
+
+    fits = {"n": 0}
+    real_fit = service.fit
+
+    def counted(*args, **kwargs):
+        fits["n"] += 1
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(service, "fit", counted)
+    cfg = Config(plan=Plan(dp=8), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16)
+
+    def events(core, start, slow=1.3):
+        pred = float(core.predict("gpt2", [cfg])[0])
+        return [metric(start + i, (8,), pred * (0.77 if i % 2 else slow), cpus_per_gpu=1 + i % 2) for i in range(60)]
+
+    memo = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+    every = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED})
+    real_refit = ModelerCore._refit
+
+    def forgetful(self, event, key, st, reason):
+        if self is every:
+            st.unpaid = None
+        return real_refit(self, event, key, st, reason)
+
+    monkeypatch.setattr(ModelerCore, "_refit", forgetful)
+    counts = {}
+    stream = events(memo, 0)
+    stream += events(memo, 100, slow=1.31)  # a new time on one configuration
+    adopted = make("model.updated", ModelUpdated(model_type="gpt2", version=5, params=SEED.as_dict(), n_points=7,
+                                                 rmsle=0.05), time=2000.0, id="elsewhere", source="test")
+    stream += [adopted] + events(memo, 200, slow=1.31)
+    for name, core in (("memo", memo), ("every", every)):
+        fits["n"] = 0
+        outs, states, fitted = [], [], []
+        for e in stream:
+            outs.append(core.handle(e))
+            states.append(core.snapshot())
+            fitted.append(fits["n"])
+        counts[name] = (outs, states, fitted)
+    assert counts["memo"][0] == counts["every"][0] and counts["memo"][1] == counts["every"][1]
+    assert all(out == [] for out in counts["memo"][0])  # no refit is published
+    memo_fits, every_fits = counts["memo"][2], counts["every"][2]
+    # once the points repeat (four of each configuration kept), no fit; the core without the memo fits every window
+    assert memo_fits[59] == memo_fits[20] and every_fits[59] - every_fits[20] >= 7
+    # the new time enters the points one measurement at a time: a fit or two until they repeat again
+    assert 1 <= memo_fits[119] - memo_fits[59] <= 3
+    # the adopted parameters (the same points): one fit, then none
+    assert memo_fits[-1] - memo_fits[120] == 1 and every_fits[-1] - every_fits[120] >= 10
