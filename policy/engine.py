@@ -495,13 +495,21 @@ class RubickEngine:
             self._unplain[job.id] = job
 
     def _fall_awake(self, job: _Job) -> None:
-        """A sleeper of the last round looked at again: out of the sleepers until it is found asleep again."""
+        """A sleeper of the last round looked at again: out of the sleepers until it is found asleep again. Its key
+        leaves the list of sleepers' keys at once (`_wake` would pass it over, at every round until the list is made
+        again); found asleep again, it is listed again with a fresh key, in the same place (`_list_sleepers`)."""
         job.sleeping = False
         del self._sleeping[job.id]
         self._unplain.pop(job.id, None)
         group = self._sleep_kinds.get(id(job.inp.kind))
         if group is not None:
             group[2].discard(job.id)
+        if job.listed:
+            keys, key = self._sleepers, job.key
+            at = bisect.bisect_left(keys, key)
+            if at < len(keys) and keys[at] is key:
+                del keys[at]
+            job.listed = False
 
     def _asleep(self, job: _Job) -> bool:
         """Whether a job's record from the last round is what `_prepare` would make of it again (while its model is not

@@ -779,3 +779,44 @@ def test_a_search_that_passed_over_a_held_job_passes_nodes_where_only_held_jobs_
     looking_at_every_job, _ = drive(seed, nodes=24, jobs=120, short=short, hold_s=10.0 if short else None)
     assert sum(b"plan.decided" in b for b in passing) >= 10
     assert passing == looking_at_every_job
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_sleeper_looked_at_again_leaves_the_list_of_keys_at_once(monkeypatch, seed):
+    """A sleeper a round looks at again (`_fall_awake`) takes its key out of `_sleepers` at once, and one found asleep
+    again is listed again: after every round each sleeper's key is in the list once, the list is sorted, and it holds
+    fewer keys of jobs no longer asleep than a list that keeps them until it is made again; the events published are
+    those of an engine that keeps them."""
+    real_round = engine_mod.RubickEngine._round
+    seen = {"rounds": 0, "stale": 0, "asleep": 0}
+
+    def checked(self, nodes, jobs, touched=None):
+        out = real_round(self, nodes, jobs, touched)
+        keys = self._sleepers
+        assert all(a < b for a, b in zip(keys, keys[1:]))
+        listed = {id(k) for k in keys}
+        for job in self._sleeping.values():
+            assert job.listed and id(job.key) in listed
+        seen["rounds"] += 1
+        seen["asleep"] += len(self._sleeping)
+        seen["stale"] += sum(1 for k in keys if not self._current(k, self._round_no))
+        return out
+
+    def keeping(self, job):  # the key stays in the list, passed over by `_wake` until the list is made again
+        job.sleeping = False
+        del self._sleeping[job.id]
+        self._unplain.pop(job.id, None)
+        group = self._sleep_kinds.get(id(job.inp.kind))
+        if group is not None:
+            group[2].discard(job.id)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_round", checked)
+    at_once, _ = drive(seed, nodes=6, jobs=200, steps=40, owners=True)
+    assert seen["rounds"] > 100 and seen["asleep"] > 1000, seen
+    stale = seen["stale"]
+    seen.update(rounds=0, stale=0, asleep=0)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_fall_awake", keeping)
+    kept, _ = drive(seed, nodes=6, jobs=200, steps=40, owners=True)
+    assert seen["stale"] > 2 * stale, (seen["stale"], stale)
+    assert sum(b"plan.decided" in b for b in at_once) >= 10
+    assert at_once == kept
