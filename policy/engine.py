@@ -352,9 +352,9 @@ class RubickEngine:
         lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
         self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n: [] for n in self.order}
+        """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._unheld_keys: dict[str, list[tuple[int, float, int, str]]] = {}
         """node -> those of its `_node_keys` whose jobs are not held (a node is listed once a key is)"""
-        """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
@@ -1829,7 +1829,9 @@ class RubickEngine:
         """Whether a running job at its minimum or over has less work left at its current speed than one restart:
         whatever its attempt gathered, the time saved (`_worth_it`) would be less than that, so the restart rule would
         refuse the change and the attempt be undone whole. Its search is not run once the round is already to be run
-        again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone."""
+        again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone.
+        The job is answered `held`, the restart rule; a search that gathered GPUs on which no plan settles answered
+        `no-fit` (or `no-gpus`) instead, a case no trace here showed."""
         old, inp = job.best, job.inp
         if not inp.running or job.g < max(1, job.min_g) or old is None or not old.throughput > 0:
             return False

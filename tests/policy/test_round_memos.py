@@ -802,13 +802,12 @@ def test_a_sleeper_looked_at_again_leaves_the_list_of_keys_at_once(monkeypatch, 
         seen["stale"] += sum(1 for k in keys if not self._current(k, self._round_no))
         return out
 
+    real_fall_awake = engine_mod.RubickEngine._fall_awake
+
     def keeping(self, job):  # the key stays in the list, passed over by `_wake` until the list is made again
-        job.sleeping = False
-        del self._sleeping[job.id]
-        self._unplain.pop(job.id, None)
-        group = self._sleep_kinds.get(id(job.inp.kind))
-        if group is not None:
-            group[2].discard(job.id)
+        listed, job.listed = job.listed, False  # not listed: nothing to take out
+        real_fall_awake(self, job)
+        job.listed = listed  # found asleep again, its key (still in the list) is its own again
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_round", checked)
     at_once, _ = drive(seed, nodes=6, jobs=200, steps=40, owners=True)
