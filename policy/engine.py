@@ -1800,7 +1800,7 @@ class RubickEngine:
             jr.set(v.c_on, node, v.c_on[node] - give)
             jr.set(job.c_on, node, job.c_on.get(node, 0) + give)
             short -= give
-            v.forced = True
+            jr.attr(v, "forced", True)  # undone with the attempt, as everything it did
 
     def _alloc_mem(self, jr: _Journal, job: _Job, best: Best) -> bool:
         """AllocMem: on each node, the plan's host memory (ZeRO-Offload's optimizer state, split over the

@@ -819,3 +819,37 @@ def test_a_sleeper_looked_at_again_leaves_the_list_of_keys_at_once(monkeypatch, 
     assert seen["stale"] > 2 * stale, (seen["stale"], stale)
     assert sum(b"plan.decided" in b for b in at_once) >= 10
     assert at_once == kept
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_attempt_undone_leaves_no_job_it_took_cpus_from_marked_forced(monkeypatch, seed):
+    """An attempt that takes CPUs from the jobs beside it (`_reclaim_cpus`) and is then undone, refused by the restart
+    rule or settling on nothing, leaves those jobs as it found them, `forced` included: a job marked forced keeps no
+    plan against the restart rule (`_finish`), so a flag left behind would restart it for nothing. With few CPUs a node,
+    the ZeRO-Offload jobs take CPUs from others."""
+    real_search, real_reclaim = engine_mod.RubickEngine._schedule_job, engine_mod.RubickEngine._reclaim_cpus
+    seen = {"undone": 0, "kept": 0, "reclaims": 0}
+
+    def reclaim(self, jr, node, job, short):
+        seen["reclaims"] += 1
+        return real_reclaim(self, jr, node, job, short)
+
+    def search(self, job, jr=None, only=None):
+        if jr is not None:  # a repack's step: undone or kept with the others
+            return real_search(self, job, jr, only)
+        state = {j.id: (dict(j.g_on), dict(j.c_on), j.forced) for j in self.jobs.values()}
+        reclaims = seen["reclaims"]
+        answer = real_search(self, job, jr, only)
+        if seen["reclaims"] > reclaims:
+            after = {j.id: (dict(j.g_on), dict(j.c_on), j.forced) for j in self.jobs.values()}
+            if {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in state.items()}:
+                seen["undone"] += 1
+                assert after == state, job.id
+            else:
+                seen["kept"] += 1
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_reclaim_cpus", reclaim)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", search)
+    drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
+    assert seen["undone"] > 5 and seen["kept"] > 5, seen
