@@ -241,6 +241,12 @@ class _Journal:
 _MISSING = object()
 
 
+def _entry(v: _Job, held: bool) -> list:
+    """A job's entry in what a search reads of a node (`RubickEngine._candidates`)."""
+    down, vp = v.down(), v.inp.priority
+    return [v.id, vp, down, (vp, down, -v.inp.order, v.id), v, None, held]
+
+
 class _Order:
     """A job's `_node_order` at or over its minimum, read as the search reaches it (`RubickEngine._visits`): its own
     nodes (`mine`, most GPUs first), then those with free GPUs (`free`: the list of them, most free first, as the
@@ -1179,17 +1185,9 @@ class RubickEngine:
         if old is not None:
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
-                keys = self._node_keys[node]
-                at = bisect.bisect_left(keys, old)
-                del keys[at]
-                if not at:
-                    self._low_changed(node, keys, self._lo_p, self._lo_s)
+                self._unlist(self._node_keys[node], old, node, self._lo_p, self._lo_s)
                 if unheld is not None:
-                    keys = unheld[node]
-                    at = bisect.bisect_left(keys, old)
-                    del keys[at]
-                    if not at:
-                        self._low_changed(node, keys, self._un_p, self._un_s)
+                    self._unlist(unheld[node], old, node, self._un_p, self._un_s)
         if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                 job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
             key = (job.inp.priority, job.down(), -job.inp.order, job.id)
@@ -1197,19 +1195,23 @@ class RubickEngine:
             self._dkey[job.id] = key
             nodes = self._dnodes[job.id] = tuple(job.g_on)
             for node in nodes:
-                keys = self._node_keys[node]
-                at = bisect.bisect_left(keys, key)
-                keys.insert(at, key)
-                if not at:
-                    self._low_changed(node, keys, self._lo_p, self._lo_s)
+                self._enlist(self._node_keys[node], key, node, self._lo_p, self._lo_s)
                 if unheld is not None:
-                    keys = unheld.get(node)
-                    if keys is None:
-                        keys = unheld[node] = []
-                    at = bisect.bisect_left(keys, key)
-                    keys.insert(at, key)
-                    if not at:
-                        self._low_changed(node, keys, self._un_p, self._un_s)
+                    self._enlist(unheld.setdefault(node, []), key, node, self._un_p, self._un_s)
+
+    def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray) -> None:
+        """Put `key` in a node's sorted `keys`, and the node's lowest in `p` and `s` where it becomes the lowest."""
+        at = bisect.bisect_left(keys, key)
+        keys.insert(at, key)
+        if not at:
+            self._low_changed(node, keys, p, s)
+
+    def _unlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray) -> None:
+        """Take `key` out of a node's sorted `keys`, and the node's lowest in `p` and `s` where it was the lowest."""
+        at = bisect.bisect_left(keys, key)
+        del keys[at]
+        if not at:
+            self._low_changed(node, keys, p, s)
 
     def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray) -> None:
         i = self._nidx[node]
@@ -1301,8 +1303,7 @@ class RubickEngine:
         for i, e in enumerate(entries):
             if e[0] == vid:
                 if node in v.g_on:
-                    down, vp = v.down(), v.inp.priority
-                    entries[i] = [vid, vp, down, (vp, down, -v.inp.order, vid), v, None, e[6]]
+                    entries[i] = _entry(v, e[6])
                 else:
                     del entries[i]
                 return
@@ -1341,10 +1342,7 @@ class RubickEngine:
         for vid in sorted(self.on_node[node]):
             if vid not in dkey:  # not over its minimum when the attempt began
                 continue
-            v = jobs[vid]
-            down = v.down()
-            vp = v.inp.priority
-            out.append([vid, vp, down, (vp, down, -v.inp.order, vid), v, None, vid in held])
+            out.append(_entry(jobs[vid], vid in held))
         return out
 
     def _none_below(self, node: str, job: _Job, victims: dict[str, _Job], limit: float | None = None) -> bool:
