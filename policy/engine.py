@@ -365,6 +365,11 @@ class RubickEngine:
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
+        self._room_of: dict[str, tuple | None] | None = None
+        """node -> its room (`_room`), once the round has asked for the nodes by room (`_by_room`); with it the
+        rooms in order (`_room_keys`) and the nodes marked since they were worked out (`_room_stale`)"""
+        self._room_keys: list[tuple] = []
+        self._room_stale: set[str] = set()
         self._free_any: bool | None = None
         """whether `_free_list` would not be empty; both are None once free GPUs change (`_free_changed`)"""
         self.held_back = False
@@ -948,6 +953,7 @@ class RubickEngine:
             job.want_g, job.min_g = saved
 
     def _release(self, jr: _Journal, job: _Job) -> None:
+        self._mark_rooms(job.g_on)
         for node in list(job.g_on):
             jr.set(self.free_g, node, self.free_g[node] + job.g_on[node])
             jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
@@ -1150,36 +1156,63 @@ class RubickEngine:
             j += 1
 
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
-        """`mine`, then the other nodes where the job could get GPUs, most first. The GPUs it could get on each
-        node are worked out for every node now, as the attempt begins; the nodes are then handed out as the
-        attempt reads them, often only the first few of thousands (from a heap, not a sort of them all)."""
-        free_g, on_node, dkey, jobs, me = self.free_g, self.on_node, self._dkey, self.jobs, job.id
-        heap = []
-        for n in self.order:
-            if n in seen:
-                continue
-            out = soft = free = free_g[n]
-            # the free GPUs and those the jobs there hold over their own minimum; and how many of them are free or
-            # held by jobs without a guarantee
-            for vid in on_node[n]:
-                if vid != me and vid in dkey:
-                    v = jobs[vid]
-                    take, over = v.g_on.get(n, 0), v.g - v.min_g
-                    if over < take:
-                        take = over
-                    out += take
-                    soft += 0 if v.privileged else take
-            if out > 0:
-                heap.append((-out, -soft, -free, n))
-        heapq.heapify(heap)
+        """`mine`, then the other nodes where the job could get GPUs, most first (`_room`). The nodes' rooms are
+        worked out for every node at the round's first call, then kept in order (`_room_keys`); a later call works
+        out again only those of the nodes marked since (`_mark_rooms`). The nodes are handed out in that order as
+        the attempt reads them, often only the first few of thousands. A job's own nodes are in `seen`: on every
+        other node the job holds nothing, so what a node's room counts is the same for every job."""
+        of = self._room_of
+        if of is None:
+            of = self._room_of = {n: self._room(n) for n in self.order}
+            self._room_keys = sorted(e for e in of.values() if e is not None)
+            self._room_stale = set()
+        elif self._room_stale:
+            keys = self._room_keys
+            for n in self._room_stale:
+                old, new = of[n], self._room(n)
+                if old == new:
+                    continue
+                if old is not None:
+                    del keys[bisect.bisect_left(keys, old)]
+                if new is not None:
+                    bisect.insort(keys, new)
+                of[n] = new
+            self._room_stale.clear()
+        keys = self._room_keys[:]  # as the attempt begins
 
         def order():
             yield from mine
-            while heap:
-                yield heapq.heappop(heap)[3]
+            for e in keys:
+                if e[3] not in seen:
+                    yield e[3]
         return order()
 
+    def _room(self, n: str) -> tuple[int, int, int, str] | None:
+        """(-room, -soft room, -free GPUs, node), or None where there is no room: the node's free GPUs and those the
+        jobs of the index there hold over their own minimum; and how many of them are free or held by jobs without
+        a guarantee (a guarantee's GPUs over its minimum come from one pool: each node counts up to that pool)."""
+        out = soft = free = self.free_g[n]
+        dkey, jobs = self._dkey, self.jobs
+        for vid in self.on_node[n]:
+            if vid in dkey:
+                v = jobs[vid]
+                take, over = v.g_on.get(n, 0), v.g - v.min_g
+                if over < take:
+                    take = over
+                out += take
+                soft += 0 if v.privileged else take
+        return (-out, -soft, -free, n) if out > 0 else None
+
+    def _mark_rooms(self, nodes: Iterable[str]) -> None:
+        """Nodes whose room (`_room`) may have changed: free GPUs, the jobs there, or a job there that changed. Kept
+        only while the round has worked the rooms out (`_by_room`)."""
+        if self._room_of is not None:
+            self._room_stale.update(nodes)
+
     def _reindex(self, job: _Job) -> None:
+        if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index
+            self._room_stale.update(job.g_on)
+            self._room_stale.update(self._dnodes.get(job.id, ()))
         old = self._dkey.pop(job.id, None)
         unheld = self._unheld_keys if job.id not in self.held else None
         if old is not None:
@@ -1412,6 +1445,8 @@ class RubickEngine:
         return self.restart_cost_s + inp.remaining_iters * inp.kind.global_batch / throughput <= self._time_left(v)
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
+        if self._room_of is not None:
+            self._room_stale.add(node)
         if src is None:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
             self._free_changed()
@@ -1590,6 +1625,9 @@ class RubickEngine:
     def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
         if any(d is self.free_g for d, _, _ in jr.ops[mark:]):
             self._free_changed()
+        if self._room_of is not None:  # the journal's dicts are keyed by node; a job's own attribute counts on its nodes
+            for d, key, _ in jr.ops[mark:]:
+                self._room_stale.update(d.g_on if d.__class__ is _Job else (key,))
         jr.undo(mark)
         for t in touched:
             self._reindex(t)
@@ -1733,6 +1771,7 @@ class RubickEngine:
             keep = placement[i] if i < len(placement) else 0
             extra = job.g_on[node] - keep
             if extra > 0:
+                self._mark_rooms(job.g_on)  # its GPUs over its minimum count on each of its nodes
                 jr.set(self.free_g, node, self.free_g[node] + extra)
                 self._free_changed()
                 jr.attr(job, "g", job.g - extra)
