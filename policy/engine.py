@@ -365,6 +365,13 @@ class RubickEngine:
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
         self._free_list: list[str] | None = None
+        self._free_keys: list[tuple[int, int, str]] | None = None
+        """(-free GPUs, position in the nodes' order, node) of every node with free GPUs, lowest first: the order of
+        `_free_nodes`. Made at the round's first need of it, then kept: the nodes whose free GPUs were written since
+        (`_free_dirty`) are put in their place again when next needed"""
+        self._free_key_of: dict[str, tuple[int, int, str]] = {}
+        self._free_dirty: set[str] = set()
+        self._pos = layout[10]
         self._room_of: dict[str, tuple | None] | None = None
         """node -> its room (`_room`), once the round has asked for the nodes by room (`_by_room`); with it the
         rooms in order (`_room_keys`) and the nodes marked since they were worked out (`_room_stale`)"""
@@ -591,7 +598,8 @@ class RubickEngine:
     def _layout(self, nodes: list[NodeCap]) -> tuple:
         """What a round reads of the nodes alone, kept while they are the same: (the nodes, name -> node, their names
         in the given order, by name, name -> index by name, the names by name as an array, an array of infinities,
-        and each node's GPUs, CPUs and memory). Read only: a round copies what it changes."""
+        each node's GPUs, CPUs and memory, and name -> position in the given order). Read only: a round copies what
+        it changes."""
         key = tuple(nodes)
         held = getattr(self, "_layout_held", None)
         if held is None or held[0] != key:  # the same node objects compare at once (a service keeps them)
@@ -601,7 +609,7 @@ class RubickEngine:
                 key, {n.name: n for n in nodes}, order, by_name, {n: i for i, n in enumerate(by_name)},
                 np.array(by_name, dtype=object), np.full(len(nodes), math.inf),
                 {n.name: n.gpus for n in nodes}, {n.name: n.cpus for n in nodes},
-                {n.name: float(n.mem_gb) for n in nodes})
+                {n.name: float(n.mem_gb) for n in nodes}, {name: i for i, name in enumerate(order)})
         return held
 
     def _backoff(self, inp: JobIn) -> float:
@@ -954,7 +962,8 @@ class RubickEngine:
 
     def _release(self, jr: _Journal, job: _Job) -> None:
         self._mark_rooms(job.g_on)
-        for node in list(job.g_on):
+        released = list(job.g_on)
+        for node in released:
             jr.set(self.free_g, node, self.free_g[node] + job.g_on[node])
             jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
             jr.set(self.on_node, node, self.on_node[node] - {job.id})
@@ -965,7 +974,7 @@ class RubickEngine:
             jr.set(job.mem_on, node, None)
         jr.attr(job, "g", 0)
         jr.attr(job, "best", None)
-        self._free_changed()
+        self._free_changed(released)
 
     def _best_effort(self, job: _Job) -> None:
         """A guaranteed job outside its quota runs as best-effort: no minimum."""
@@ -1024,22 +1033,45 @@ class RubickEngine:
 
     # --- ScheduleJob -------------------------------------------------------------------------
     def _free_nodes(self) -> list[str]:
-        """Nodes with free GPUs, most free first (cached until free GPUs change)."""
+        """Nodes with free GPUs, most free first, ties in the nodes' order (cached until free GPUs change)."""
         if self._free_list is None:
-            free = self.free_g  # a stable sort, most free first: equal counts keep the nodes' order
-            self._free_list = sorted([n for n, g in free.items() if g > 0], key=free.__getitem__, reverse=True)
+            self._free_list = [k[2] for k in self._free_index()]
         return self._free_list
 
+    def _free_index(self) -> list[tuple[int, int, str]]:
+        """`_free_keys`, up to date: made whole once a round, then only the nodes written since put in place again."""
+        keys = self._free_keys
+        if keys is None:
+            pos = self._pos
+            keys = self._free_keys = sorted([(-g, pos[n], n) for n, g in self.free_g.items() if g > 0])
+            self._free_key_of = {k[2]: k for k in keys}
+            self._free_dirty.clear()
+        elif self._free_dirty:
+            of, free_g, pos = self._free_key_of, self.free_g, self._pos
+            for n in self._free_dirty:
+                old, g = of.get(n), free_g[n]
+                if old is not None:
+                    if old[0] == -g:
+                        continue
+                    del keys[bisect.bisect_left(keys, old)]
+                    del of[n]
+                if g > 0:
+                    key = of[n] = (-g, pos[n], n)
+                    bisect.insort(keys, key)
+            self._free_dirty.clear()
+        return keys
+
     def _any_free(self) -> bool:
-        """Whether some node has a free GPU (`_free_nodes()` is not empty), without ordering them (cached the same
+        """Whether some node has a free GPU (`_free_nodes()` is not empty), without listing them (cached the same
         way)."""
         if self._free_any is None:
-            self._free_any = bool(self._free_list) if self._free_list is not None else any(
-                g > 0 for g in self.free_g.values())
+            self._free_any = bool(self._free_list) if self._free_list is not None else bool(self._free_index())
         return self._free_any
 
-    def _free_changed(self) -> None:
+    def _free_changed(self, nodes: Iterable[str]) -> None:
+        """The free GPUs of `nodes` were written."""
         self._free_list = self._free_any = None
+        self._free_dirty.update(nodes)
 
     def _node_order(self, job: _Job, memo: dict | None = None) -> Iterable[str]:
         """Nodes to visit: the job's own, then those with free GPUs, then those holding a job with a
@@ -1449,7 +1481,7 @@ class RubickEngine:
             self._room_stale.add(node)
         if src is None:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
-            self._free_changed()
+            self._free_changed((node,))
         else:
             left = src.g_on[node] - gpus
             jr.set(src.g_on, node, left if left > 0 else None)
@@ -1623,8 +1655,10 @@ class RubickEngine:
                 id(job.request), inp.priority, inp.requested_gpus, inp.requested_cpus, inp.requested_mem_gb)
 
     def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
-        if any(d is self.free_g for d, _, _ in jr.ops[mark:]):
-            self._free_changed()
+        free_g = self.free_g
+        written = [key for d, key, _ in jr.ops[mark:] if d is free_g]
+        if written:
+            self._free_changed(written)
         if self._room_of is not None:  # the journal's dicts are keyed by node; a job's own attribute counts on its nodes
             for d, key, _ in jr.ops[mark:]:
                 self._room_stale.update(d.g_on if d.__class__ is _Job else (key,))
@@ -1773,7 +1807,7 @@ class RubickEngine:
             if extra > 0:
                 self._mark_rooms(job.g_on)  # its GPUs over its minimum count on each of its nodes
                 jr.set(self.free_g, node, self.free_g[node] + extra)
-                self._free_changed()
+                self._free_changed((node,))
                 jr.attr(job, "g", job.g - extra)
                 jr.set(job.g_on, node, keep if keep > 0 else None)
                 if keep <= 0:

@@ -893,3 +893,34 @@ def test_the_rooms_kept_between_attempts_order_the_nodes_as_rooms_worked_out_afr
     monkeypatch.setattr(engine_mod.RubickEngine, "_by_room", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12, policy=policy)
     assert counts["kept"] > 20 and counts["again"] > 20 and counts["calls"] > counts["kept"], counts
+
+
+@pytest.mark.parametrize("seed,policy", [(1, "rubick"), (2, "rubick"), (1, "rubick-r")])
+def test_the_free_nodes_kept_in_order_are_those_listed_afresh(monkeypatch, seed, policy):
+    """The nodes with free GPUs, most free first (`_free_nodes`), are kept in order through a round and put in place
+    again only where free GPUs were written since (moves, releases, trims, undone attempts). At every call they are
+    the nodes a fresh stable sort of every node by its free GPUs gives, and `_any_free` says whether there is one."""
+    real_nodes, real_any = engine_mod.RubickEngine._free_nodes, engine_mod.RubickEngine._any_free
+    counts = {"lists": 0, "kept": 0, "anys": 0}
+
+    def fresh(self):
+        free = self.free_g
+        return sorted([n for n, g in free.items() if g > 0], key=free.__getitem__, reverse=True)
+
+    def listed(self):
+        counts["kept"] += self._free_keys is not None and self._free_list is None and bool(self._free_dirty)
+        got = real_nodes(self)
+        assert got == fresh(self)
+        counts["lists"] += 1
+        return got
+
+    def any_free(self):
+        got = real_any(self)
+        assert got == bool(fresh(self))
+        counts["anys"] += 1
+        return got
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_free_nodes", listed)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_any_free", any_free)
+    drive(seed, nodes=16, jobs=160, steps=30, cpus=12, policy=policy)
+    assert counts["lists"] > 100 and counts["kept"] > 50 and counts["anys"] > 100, counts
