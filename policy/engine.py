@@ -1249,17 +1249,23 @@ class RubickEngine:
         if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index
             self._room_stale.update(job.g_on)
             self._room_stale.update(self._dnodes.get(job.id, ()))
-        old = self._dkey.pop(job.id, None)
+        old = self._dkey.get(job.id)
+        if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
+                job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
+            key = (job.inp.priority, job.down(), -job.inp.order, job.id)
+        else:
+            key = None
+        if key == old and (key is None or self._dnodes[job.id] == tuple(job.g_on)):
+            return  # listed as it is already (an attempt undone leaves most jobs so)
         unheld = self._unheld_keys if job.id not in self.held else None
         if old is not None:
+            del self._dkey[job.id]
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
                 self._unlist(self._node_keys[node], old, node, self._lo_p, self._lo_s)
                 if unheld is not None:
                     self._unlist(unheld[node], old, node, self._un_p, self._un_s)
-        if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
-                job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
-            key = (job.inp.priority, job.down(), -job.inp.order, job.id)
+        if key is not None:
             bisect.insort(self.by_down, key)
             self._dkey[job.id] = key
             nodes = self._dnodes[job.id] = tuple(job.g_on)

@@ -924,3 +924,42 @@ def test_the_free_nodes_kept_in_order_are_those_listed_afresh(monkeypatch, seed,
     monkeypatch.setattr(engine_mod.RubickEngine, "_any_free", any_free)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12, policy=policy)
     assert counts["lists"] > 100 and counts["kept"] > 50 and counts["anys"] > 100, counts
+
+
+@pytest.mark.parametrize("seed,policy", [(1, "rubick"), (2, "rubick"), (1, "rubick-r")])
+def test_the_index_as_each_attempt_of_the_queue_begins_is_the_one_made_afresh(monkeypatch, seed, policy):
+    """As each attempt of the round's queue begins, the index of the jobs a search may shrink (`by_down`, `_dkey`, each
+    node's `_node_keys` and those of the jobs not held, and the arrays of their lowest) is the one made afresh from the
+    jobs as they are then: every job holding GPUs over its minimum (a guarantee it keeps with a GPU less on its smallest
+    node), keyed by priority and slope down, listed under each node it holds. A job indexed again with its key and
+    nodes as they were is left as it is (`_reindex`): an attempt undone leaves most of them so."""
+    real = engine_mod.RubickEngine._schedule_job
+    counts = {"checked": 0, "listed": 0}
+
+    def fresh(self):
+        keys = {}
+        for j in self.jobs.values():
+            if j.g > 0 and self._over_min(j) and (not j.privileged or self._keeps_guarantee(
+                    j, min(j.g_on, key=lambda n: (j.g_on[n], n)))):
+                keys[j.id] = (j.inp.priority, j.down(), -j.inp.order, j.id)
+        return keys
+
+    def checked(self, job, jr=None, only=None):
+        if self._failed is not None and jr is None and only is None:
+            keys = fresh(self)
+            assert self._dkey == keys
+            assert self.by_down == sorted(keys.values())
+            for node, i in self._nidx.items():
+                listed = sorted(k for vid, k in keys.items() if node in self.jobs[vid].g_on)
+                assert self._node_keys[node] == listed, node
+                unheld = [k for k in listed if k[3] not in self.held]
+                assert self._unheld_keys.get(node, []) == unheld
+                for p, s, ks in ((self._lo_p, self._lo_s, listed), (self._un_p, self._un_s, unheld)):
+                    assert (p[i], s[i]) == ((ks[0][0], ks[0][1]) if ks else (math.inf, math.inf))
+            counts["checked"] += 1
+            counts["listed"] += len(keys)
+        return real(self, job, jr, only)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", checked)
+    drive(seed, nodes=12, jobs=120, steps=24, cpus=12, policy=policy)
+    assert counts["checked"] > 200 and counts["listed"] > 2000, counts
