@@ -192,6 +192,9 @@ class _Job:
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
+    current_rows: tuple | None = None
+    """(its input's `current`, its `current_mem`, [(node, GPUs, CPUs, memory or None)] by node): what
+    `_place_current` reads of them, made again when either is another object"""
 
     def up(self) -> float:
         g = self.g
@@ -784,7 +787,11 @@ class RubickEngine:
                 continue
             g_on, c_on, job_id = job.g_on, job.c_on, job.id
             total, low = 0, None
-            for node, (g, c) in sorted(current.items()) if len(current) > 1 else current.items():
+            rows, current_mem = job.current_rows, job.inp.current_mem
+            if rows is None or rows[0] is not current or rows[1] is not current_mem:
+                rows = job.current_rows = (current, current_mem, [(node, g, c, current_mem.get(node))
+                                                                  for node, (g, c) in sorted(current.items())])
+            for node, g, c, m in rows[2]:
                 if node not in nodes or g <= 0:
                     if g > 0:
                         job.forced = True
@@ -806,7 +813,6 @@ class RubickEngine:
                 r = c // g
                 if low is None or r < low:
                     low = r
-                m = job.inp.current_mem.get(node)
                 if m:
                     m = min(m, max(0.0, free_m[node]))
                     if m > 0:
