@@ -478,9 +478,7 @@ class RubickEngine:
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
         self._place_current()
-        for job in self._awake:
-            if job.g:  # one holding nothing has no key to list (the index is new this round)
-                self._reindex(job)
+        self._index_all()
         self._privileged()
         queue = self._sort_by_slope()
         self._list_sleepers(fell_asleep, len(self._sleeping))
@@ -1250,6 +1248,48 @@ class RubickEngine:
         only while the round has worked the rooms out (`_by_room`)."""
         if self._room_of is not None:
             self._room_stale.update(nodes)
+
+    def _index_all(self) -> None:
+        """`_reindex` of every job holding GPUs as the round begins, into the round's new, empty index, in one go: the
+        keys gathered, then each list sorted once. The lists are sorted and the keys unique, so the order they were
+        made in makes no difference, but for a slope that is not a number: it compares neither below nor above any
+        other, and where one is, the jobs are indexed one by one, as `_reindex` would."""
+        gathered = []
+        for job in self._awake:
+            if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
+                    job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
+                key = (job.inp.priority, job.down(), -job.inp.order, job.id)
+                if key[1] != key[1]:
+                    for j in self._awake:
+                        if j.g:
+                            self._reindex(j)
+                    return
+                gathered.append((job, key))
+        held, node_keys, unheld_keys, dkey, dnodes = self.held, self._node_keys, self._unheld_keys, self._dkey, self._dnodes
+        keys, listed = [], set()
+        for job, key in gathered:
+            keys.append(key)
+            dkey[job.id] = key
+            nodes = dnodes[job.id] = tuple(job.g_on)
+            listed.update(nodes)
+            if job.id in held:
+                for n in nodes:
+                    node_keys[n].append(key)
+            else:
+                for n in nodes:
+                    node_keys[n].append(key)
+                    unheld_keys.setdefault(n, []).append(key)
+        keys.sort()
+        self.by_down = keys
+        nidx, lo_p, lo_s, un_p, un_s = self._nidx, self._lo_p, self._lo_s, self._un_p, self._un_s
+        for n in listed:
+            i, ks = nidx[n], node_keys[n]
+            ks.sort()
+            lo_p[i], lo_s[i] = ks[0][0], ks[0][1]
+            ks = unheld_keys.get(n)
+            if ks:
+                ks.sort()
+                un_p[i], un_s[i] = ks[0][0], ks[0][1]
 
     def _reindex(self, job: _Job) -> None:
         if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index
