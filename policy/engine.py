@@ -30,8 +30,8 @@ waits (`rubick-e`, `rubick-n`); the plan space comes from each job's `JobKind`.
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import ClassVar, Collection, Iterable, Iterator, Mapping
 
@@ -242,6 +242,7 @@ class _Journal:
 
 
 _MISSING = object()
+_NOBODY: frozenset[str] = frozenset()
 
 
 def _entry(v: _Job, held: bool) -> list:
@@ -350,7 +351,9 @@ class RubickEngine:
         self._un_p, self._un_s = layout[6].copy(), layout[6].copy()
         """the same for the keys of the jobs not held (`_unheld_keys`)"""
         self.free_g, self.free_c, self.free_m = dict(layout[7]), dict(layout[8]), dict(layout[9])
-        self.on_node: dict[str, set[str]] = {n: set() for n in self.order}
+        self.on_node: dict[str, set[str] | frozenset[str]] = dict.fromkeys(self.order, _NOBODY)
+        """node -> the ids of the jobs holding GPUs there (one shared empty set where none does: a round makes a node's
+        set as it places a job there, and an attempt writes a new one)"""
         last_round = getattr(self, "jobs", {})
         """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
         last_awake = getattr(self, "_awake", ())
@@ -360,7 +363,7 @@ class RubickEngine:
         """(priority, slope, -order, id) of every job holding GPUs over its minimum, lowest priority, then
         lowest slope first."""
         self._dkey: dict[str, tuple[float, int, str]] = {}
-        self._node_keys: dict[str, list[tuple[int, float, int, str]]] = {n: [] for n in self.order}
+        self._node_keys: dict[str, list[tuple[int, float, int, str]]] = defaultdict(list)
         """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._unheld_keys: dict[str, list[tuple[int, float, int, str]]] = {}
         """node -> those of its `_node_keys` whose jobs are not held (a node is listed once a key is)"""
@@ -394,7 +397,7 @@ class RubickEngine:
         """attempts whose changes were kept, since the queue began"""
         self._margins_seen: dict[str, tuple] = {}
         """model type -> `_margins_key`, for this round"""
-        self._cluster_gpus = sum(n.gpus for n in nodes)
+        self._cluster_gpus = layout[11]
         self._least_seen: dict[tuple[int, int], int] = {}
         """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""
         self._scans: dict[str, list[list]] = {}
@@ -599,8 +602,8 @@ class RubickEngine:
     def _layout(self, nodes: list[NodeCap]) -> tuple:
         """What a round reads of the nodes alone, kept while they are the same: (the nodes, name -> node, their names
         in the given order, by name, name -> index by name, the names by name as an array, an array of infinities,
-        each node's GPUs, CPUs and memory, and name -> position in the given order). Read only: a round copies what
-        it changes."""
+        each node's GPUs, CPUs and memory, name -> position in the given order, and the GPUs of all). Read only: a
+        round copies what it changes."""
         key = tuple(nodes)
         held = getattr(self, "_layout_held", None)
         if held is None or held[0] != key:  # the same node objects compare at once (a service keeps them)
@@ -610,7 +613,8 @@ class RubickEngine:
                 key, {n.name: n for n in nodes}, order, by_name, {n: i for i, n in enumerate(by_name)},
                 np.array(by_name, dtype=object), np.full(len(nodes), math.inf),
                 {n.name: n.gpus for n in nodes}, {n.name: n.cpus for n in nodes},
-                {n.name: float(n.mem_gb) for n in nodes}, {name: i for i, name in enumerate(order)})
+                {n.name: float(n.mem_gb) for n in nodes}, {name: i for i, name in enumerate(order)},
+                sum(n.gpus for n in nodes))
         return held
 
     def _backoff(self, inp: JobIn) -> float:
@@ -816,7 +820,11 @@ class RubickEngine:
                     if m > 0:
                         job.mem_on[node] = m
                         free_m[node] -= m
-                on_node[node].add(job_id)
+                held_by = on_node[node]
+                if held_by is _NOBODY:
+                    on_node[node] = {job_id}
+                else:
+                    held_by.add(job_id)
                 placed[job_id] = job
             if total:
                 job.g += total
