@@ -192,6 +192,9 @@ class _Job:
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
+    touched: bool = False
+    """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
+    it holds what it was placed on, and `placed` says what that is"""
     current_rows: tuple | None = None
     """(its input's `current`, its `current_mem`, [(node, GPUs, CPUs, memory or None)] by node): what
     `_place_current` reads of them, made again when either is another object"""
@@ -227,8 +230,12 @@ class _Journal:
             d[key] = value
 
     def attr(self, job: _Job, name: str, value) -> None:
+        """Set one of a job's attributes, and mark the job `touched` (not undone: a mark left by an attempt undone only
+        sends the job the long way). Every change to a job's GPUs, CPUs or memory comes with one: its GPUs or best
+        plan for the job and those it shrank, `forced` for one it took CPUs from."""
         self.ops.append((job, name, getattr(job, name)))
         setattr(job, name, value)
+        job.touched = True
 
     def undo(self, mark: int = 0) -> None:
         for d, key, old in reversed(self.ops[mark:]):
@@ -739,7 +746,7 @@ class RubickEngine:
         record.version = version
         record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
-        record.privileged = record.forced = record.listed = False
+        record.privileged = record.forced = record.listed = record.touched = False
         record.g, record.best, record.reason, record.placed = 0, None, "", None
         for held_on in (record.g_on, record.c_on, record.mem_on):
             if held_on:
@@ -1031,7 +1038,10 @@ class RubickEngine:
     def _cpu_slope_up(self, job: _Job) -> float:
         if not job.inp.kind.offload or job.ref <= 0:
             return 0.0  # only ZeRO-Offload runs anything on the CPUs: a flat curve
-        place, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+        if job.touched or job.placed is None:
+            place, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+        else:  # it holds what it was placed on as the round began
+            place, cpg = job.placed[0], job.placed[1]
         memo = job.cpu_memo  # a running job's, most often the same as last round's
         if memo is not None and memo[0] == place and memo[1] == cpg and memo[2] is job.version and memo[3] == job.ref:
             return memo[4]
@@ -2019,11 +2029,15 @@ class RubickEngine:
             job.idle_plain = (reason == "queued" and not job.detail and pending is not None and pending[0] == "no-gpus"
                               and not pending[2])
             return job.idle
-        cpg, gpus, placed = self._cpg_of(job), tuple(job.g_on.values()), job.placed
-        if placed is not None and placed[0] == gpus and placed[1] == cpg:
-            best = placed[2]  # it holds what it held as the round began: the same best plan
+        placed = job.placed
+        if not job.touched:  # it holds what it was placed on as the round began: the same best plan
+            gpus, cpg, best = placed
         else:
-            best = self._best_on(job, gpus, cpg)
+            cpg, gpus = self._cpg_of(job), tuple(job.g_on.values())
+            if placed is not None and placed[0] == gpus and placed[1] == cpg:
+                best = placed[2]  # it holds what it held as the round began: the same best plan
+            else:
+                best = self._best_on(job, gpus, cpg)
         if job.privileged:
             best = self._guarded(job, best, gpus)
         if best.plan is None:
