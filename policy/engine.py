@@ -2089,22 +2089,30 @@ class RubickEngine:
             quota = "exceeded" if self._quota(job) else "none"  # runs as best-effort
         pending = self._pending(job, sum(best.placement))
         memo = job.running_memo
-        if memo is not None:  # the last outcome it gave holding GPUs, if every part of this one is the same
-            _, m_plan, m_tput, m_reason, m_quota, m_pending, m_place, m_g, m_c, m_mem, m_detail, m_curve, m_ref = memo
-            if ((m_plan is plan or m_plan == plan) and m_tput == tput and m_reason == reason and m_quota == quota
-                    and m_pending == pending and m_place == best.placement and m_g == g_on and m_c == c_on
-                    and m_mem == mem_on and m_detail is job.detail and m_curve is job.curve and m_ref == job.ref):
-                return memo[0]
-        if len(g_on) == 1:  # one node: the placement's one entry is its share there
-            [n] = g_on
-            g = best.placement[0]
-            shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3))} if g > 0 else {}
+        if memo is not None and memo[6] == best.placement and memo[7] == g_on and memo[8] == c_on and memo[9] == mem_on:
+            # the last outcome it gave holding GPUs, on the same GPUs, CPUs and memory: given again if every other
+            # part of this one is the same; else the new one takes its shares (and plan, where equal) as they are,
+            # objects the service finds equal at once (a held job's pending reason comes and goes as GPUs are freed
+            # and taken)
+            _, m_plan, m_tput, m_reason, m_quota, m_pending, _, m_g, m_c, m_mem, m_detail, m_curve, m_ref = memo
+            if m_plan is plan or m_plan == plan:
+                if (m_tput == tput and m_reason == reason and m_quota == quota and m_pending == pending
+                        and m_detail is job.detail and m_curve is job.curve and m_ref == job.ref):
+                    return memo[0]
+                plan = m_plan
+            shares = memo[0].shares
         else:
-            used = zip(sorted(g_on, key=lambda n: (-g_on[n], n)), best.placement)
-            shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3)) for n, g in used if g > 0}
+            m_g, m_c, m_mem = dict(g_on), dict(c_on), dict(mem_on)
+            if len(g_on) == 1:  # one node: the placement's one entry is its share there
+                [n] = g_on
+                g = best.placement[0]
+                shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3))} if g > 0 else {}
+            else:
+                used = zip(sorted(g_on, key=lambda n: (-g_on[n], n)), best.placement)
+                shares = {n: (g, c_on.get(n, 0), round(mem_on.get(n, 0.0), 3)) for n, g in used if g > 0}
         # made only when read (`Outcome.detail`); a job's detail is replaced, never changed
         later = (job.detail, job.curve, job.g, job.ref, tput, quota)
         out = Outcome(job.id, shares, plan, tput, reason, later, pending)
-        job.running_memo = (out, plan, tput, reason, quota, pending, best.placement, dict(g_on), dict(c_on),
-                            dict(mem_on), job.detail, job.curve, job.ref)
+        job.running_memo = (out, plan, tput, reason, quota, pending, best.placement, m_g, m_c, m_mem, job.detail,
+                            job.curve, job.ref)
         return out

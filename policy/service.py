@@ -517,7 +517,7 @@ class PolicyCore:
                 if not o.shares and not states[o.job_id].decided_allocation:
                     last[o.job_id] = o
                     continue
-            elif prev.shares == o.shares and prev.plan == o.plan:
+            elif (prev.shares is o.shares or prev.shares == o.shares) and (prev.plan is o.plan or prev.plan == o.plan):
                 continue
             new.append((o.job_id, o, prev))
         new.sort(key=lambda x: x[0])
