@@ -193,6 +193,11 @@ class _Job:
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
     touched: bool = False
+    carried: bool = False
+    whole: bool = False
+    """whether `_place_current` placed it on every part of its current allocation as asked, nothing cut"""
+    """made again by carrying its record over as the last round left it (`_prepare`): `_place_current` places it
+    without writing it, or makes it again where it no longer fits"""
     """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
     it holds what it was placed on, and `placed` says what that is"""
     current_rows: tuple | None = None
@@ -728,6 +733,16 @@ class RubickEngine:
         version = self.book._key(kind)  # the kind's memo key at its model's version: the same object until a refit
         margins = self._margins_key(kind) if guaranteed else None
         held = prepared.get(inp.job_id) if prepared is not None else None
+        if (held is not None and held[1] is version and record is not None and record.inp is inp and not inp.guaranteed
+                and record.placed is not None and record.version is version and record.current_rows is not None
+                and record.current_rows[0] is inp.current and record.current_rows[1] is inp.current_mem
+                and record.whole
+                and not (record.touched or record.forced or record.reason or record.detail or record.privileged)):
+            # a best-effort job the last round placed on its current allocation and did not touch since, asking the
+            # same at the same model version: its record is what this round makes of it, once placed the same way
+            self._prepared[inp.job_id] = held
+            record.carried = True
+            return record
         if held is None or held[1] is not version or held[6] != margins or (
                 (record is None or record.inp is not inp)  # the same input object asks the same (a waiting job's)
                 and (held[0] is not kind or held[2] is not inp.requested_plan or held[3] != inp.requested_gpus
@@ -746,14 +761,19 @@ class RubickEngine:
         record.version = version
         record.inp, record.cpg, record.curve, record.ref, record.request = inp, cpg, curve, ref, request
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
-        record.privileged = record.forced = record.listed = record.touched = False
+        self._clear(record)
+        return record
+
+    @staticmethod
+    def _clear(record: _Job) -> None:
+        """A record as `_prepare` makes it again: holding nothing, no flag, reason or detail."""
+        record.privileged = record.forced = record.listed = record.touched = record.carried = record.whole = False
         record.g, record.best, record.reason, record.placed = 0, None, "", None
         for held_on in (record.g_on, record.c_on, record.mem_on):
             if held_on:
                 held_on.clear()
         if record.detail:  # a detail is replaced, never changed (an outcome may still hold it): an empty one stays
             record.detail = {}
-        return record
 
     def _demand(self, inp: JobIn, guaranteed: bool) -> tuple:
         """(CPUs per GPU, reference, normalised curve, wanted GPUs, minimum GPUs, minimum CPUs,
@@ -794,8 +814,29 @@ class RubickEngine:
             current = job.inp.current
             if not current:
                 continue
+            if job.carried:  # placed as it was, if every part of it still fits (nothing is cut): else made again
+                job.carried = False
+                rows = job.current_rows[2]
+                for node, g, c, m in rows:
+                    if g > 0 and (node not in nodes or free_g[node] < g or free_c[node] < c or (m and m > free_m[node])):
+                        self._clear(job)
+                        break
+                else:
+                    for node, g, c, m in rows:
+                        if g > 0:
+                            free_g[node] -= g
+                            free_c[node] -= c
+                            if m and m > 0:
+                                free_m[node] -= m
+                            held_by = on_node[node]
+                            if held_by is _NOBODY:
+                                on_node[node] = {job.id}
+                            else:
+                                held_by.add(job.id)
+                    placed[job.id] = job
+                    continue
             g_on, c_on, job_id = job.g_on, job.c_on, job.id
-            total, low = 0, None
+            total, low, whole = 0, None, True
             rows, current_mem = job.current_rows, job.inp.current_mem
             if rows is None or rows[0] is not current or rows[1] is not current_mem:
                 rows = job.current_rows = (current, current_mem, [(node, g, c, current_mem.get(node))
@@ -803,14 +844,14 @@ class RubickEngine:
             for node, g, c, m in rows[2]:
                 if node not in nodes or g <= 0:
                     if g > 0:
-                        job.forced = True
+                        job.forced, whole = True, False
                         job.reason, job.detail = "node-lost", {"node": node}
                     continue
                 fg, fc = free_g[node], free_c[node]
                 if fg < g:
-                    g = fg
+                    g, whole = fg, False
                 if fc < c:
-                    c = fc
+                    c, whole = fc, False
                 if g <= 0:
                     job.forced = True
                     continue
@@ -823,7 +864,8 @@ class RubickEngine:
                 if low is None or r < low:
                     low = r
                 if m:
-                    m = min(m, max(0.0, free_m[node]))
+                    if m > free_m[node]:
+                        m, whole = max(0.0, free_m[node]), False
                     if m > 0:
                         job.mem_on[node] = m
                         free_m[node] -= m
@@ -833,6 +875,7 @@ class RubickEngine:
                 else:
                     held_by.add(job_id)
                 placed[job_id] = job
+            job.whole = whole
             if total:
                 job.g += total
                 gpus, cpg = tuple(g_on.values()), (low if low > 1 else 1)

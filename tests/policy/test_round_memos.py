@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -120,7 +121,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
-             "stale": 0}
+             "stale": 0, "carried": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -146,7 +147,9 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 
     def prepared(self, inp, memo=None, record=None):
         calls["reused"] += record is not None  # the job's record of the last round, made again in place
-        return real_prepare(self, inp, memo, record)
+        job = real_prepare(self, inp, memo, record)
+        calls["carried"] += job.carried  # or carried over as it was
+        return job
 
     def ordered(self, job, memo=None):
         calls["orders"] += memo is None  # an order worked out, not read from the memo
@@ -195,6 +198,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert memo_calls < calls["candidates"]  # and later searches in the round read it from the memo
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert calls["reused"] > 100  # and rounds made the last round's records again
+    assert calls["carried"] > 100  # or carried running jobs' records over as the last round left them
     assert calls["asleep"] > 100  # or kept waiting jobs' records as they were, asleep
     assert calls["stale"] > 10  # the keys of sleepers awake again or gone were left in the list, passed over
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
@@ -963,3 +967,68 @@ def test_the_index_as_each_attempt_of_the_queue_begins_is_the_one_made_afresh(mo
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", checked)
     drive(seed, nodes=12, jobs=120, steps=24, cpus=12, policy=policy)
     assert counts["checked"] > 200 and counts["listed"] > 2000, counts
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_record_carried_over_is_placed_as_one_made_again(monkeypatch, seed):
+    """A best-effort running job's record carried over from the last round (`_prepare`: its input, allocation and
+    model version the same objects, nothing touched or marked it) is, once `_place_current` has placed it, what a record
+    made again and placed gives: the GPUs, CPUs and memory of its allocation, its best plan on them, no flag, reason or
+    detail. Where a part of it no longer fits (every node lost for a while, in this drive), it is made again and placed
+    the usual way. The events published are those of an engine that makes every record again
+    (`test_the_memos_change_no_decision`)."""
+    real = engine_mod.RubickEngine._place_current
+    counts = {"carried": 0, "again": 0}
+
+    def placed(self):
+        carried = [j for j in self._awake if j.carried]
+        real(self)
+        for job in carried:
+            if job.g == 0 and not job.g_on:  # did not fit: made again, and then cut by what was left
+                counts["again"] += 1
+                continue
+            counts["carried"] += 1
+            rows = [(n, g, c, m) for n, (g, c) in sorted(job.inp.current.items()) if g > 0
+                    for m in [job.inp.current_mem.get(n)]]
+            assert job.g_on == {n: g for n, g, _, _ in rows} and job.g == sum(job.g_on.values())
+            assert job.c_on == {n: c for n, _, c, _ in rows}
+            assert job.mem_on == {n: m for n, _, _, m in rows if m and m > 0}
+            gpus, cpg = tuple(job.g_on.values()), self._cpg_of(job)
+            assert job.placed[:2] == (gpus, cpg) and job.best is job.placed[2]
+            assert job.best == self._best_on(job, gpus, cpg)
+            assert not (job.touched or job.forced or job.reason or job.detail or job.privileged or job.carried)
+            assert self.placed[job.id] is job and all(job.id in self.on_node[n] for n in job.g_on)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_place_current", placed)
+    drive(seed, owners=True)
+    assert counts["carried"] > 200, counts
+
+
+def test_a_record_carried_over_that_no_longer_fits_is_made_again(monkeypatch):
+    """The same inputs handed to an engine again, on the same nodes and then on nodes with fewer GPUs or one node gone:
+    the records carried over are placed as they were where they fit, made again and placed the usual way (cut, or lost
+    with their node) where not, and every outcome is that of a new engine, which carries nothing over."""
+    oracle, models = from_modeler(MODELER)
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    real = engine_mod.RubickEngine._place_current
+    counts = {"carried": 0, "again": 0}
+
+    def placed(self):
+        carried = [j for j in self._awake if j.carried]
+        real(self)
+        counts["carried"] += len(carried)
+        counts["again"] += sum(1 for j in carried if j.forced or j.reason == "node-lost")
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_place_current", placed)
+    rng = random.Random(7)
+    for _ in range(60):
+        nodes, jobs = _scenario(rng, models)
+        jobs = [replace(j, changed_s=0.0) if j.running else j for j in jobs]  # held: they keep what they hold
+        smaller = [engine_mod.NodeCap(n.name, n.gpus - (1 if i % 2 else 0), n.cpus, n.mem_gb)
+                   for i, n in enumerate(nodes)]
+        engine = make_policy("rubick", oracle=oracle, models=models).engine
+        for layout in (nodes, nodes, smaller, nodes[1:]):
+            fresh = make_policy("rubick", oracle=oracle, models=models).engine
+            assert (sorted(facts(o) for o in engine.schedule(layout, jobs))
+                    == sorted(facts(o) for o in fresh.schedule(layout, jobs)))
+    assert counts["carried"] > 200 and counts["again"] > 20, counts
