@@ -193,13 +193,13 @@ class _Job:
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
     touched: bool = False
-    carried: bool = False
-    whole: bool = False
-    """whether `_place_current` placed it on every part of its current allocation as asked, nothing cut"""
-    """made again by carrying its record over as the last round left it (`_prepare`): `_place_current` places it
-    without writing it, or makes it again where it no longer fits"""
     """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
     it holds what it was placed on, and `placed` says what that is"""
+    carried: bool = False
+    """made again by carrying its record over as the last round left it (`_prepare`): `_place_current` places it
+    without writing it, or makes it again where it no longer fits"""
+    whole: bool = False
+    """whether `_place_current` placed it on every part of its current allocation as asked, nothing cut"""
     current_rows: tuple | None = None
     """(its input's `current`, its `current_mem`, [(node, GPUs, CPUs, memory or None)] by node): what
     `_place_current` reads of them, made again when either is another object"""
