@@ -196,8 +196,11 @@ class _Job:
     """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
     it holds what it was placed on, and `placed` says what that is"""
     carried: bool = False
-    """made again by carrying its record over as the last round left it (`_prepare`): `_place_current` places it
-    without writing it, or makes it again where it no longer fits"""
+    """its record carried over as the last round left it (`_prepare`): `_place_current` places it without writing
+    it, or makes it again where it no longer fits (and the flag goes)"""
+    index_key: tuple | None = None
+    """its key in the slope index as the round began (None: not listed), from `_index_all`: a record carried over
+    has the key it had"""
     whole: bool = False
     """whether `_place_current` placed it on every part of its current allocation as asked, nothing cut"""
     current_rows: tuple | None = None
@@ -815,7 +818,6 @@ class RubickEngine:
             if not current:
                 continue
             if job.carried:  # placed as it was, if every part of it still fits (nothing is cut): else made again
-                job.carried = False
                 rows = job.current_rows[2]
                 for node, g, c, m in rows:
                     if g > 0 and (node not in nodes or free_g[node] < g or free_c[node] < c or (m and m > free_m[node])):
@@ -1315,17 +1317,24 @@ class RubickEngine:
         keys gathered, then each list sorted once. The lists are sorted and the keys unique, so the order they were
         made in makes no difference, but for a slope that is not a number: it compares neither below nor above any
         other, and where one is, the jobs are indexed one by one, as `_reindex` would."""
-        gathered = []
+        gathered, unordered = [], False
         for job in self._awake:
-            if job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
+            if job.carried:  # as the last round began: the same key
+                key = job.index_key
+            elif job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                     job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
-                key = (job.inp.priority, job.down(), -job.inp.order, job.id)
-                if key[1] != key[1]:
-                    for j in self._awake:
-                        if j.g:
-                            self._reindex(j)
-                    return
+                key = job.index_key = (job.inp.priority, job.down(), -job.inp.order, job.id)
+            else:
+                job.index_key = None
+                continue
+            if key is not None:
+                unordered = unordered or key[1] != key[1]
                 gathered.append((job, key))
+        if unordered:
+            for job in self._awake:
+                if job.g:
+                    self._reindex(job)
+            return
         held, node_keys, unheld_keys, dkey, dnodes = self.held, self._node_keys, self._unheld_keys, self._dkey, self._dnodes
         keys, listed = [], set()
         for job, key in gathered:

@@ -984,7 +984,7 @@ def test_a_record_carried_over_is_placed_as_one_made_again(monkeypatch, seed):
         carried = [j for j in self._awake if j.carried]
         real(self)
         for job in carried:
-            if job.g == 0 and not job.g_on:  # did not fit: made again, and then cut by what was left
+            if not job.carried:  # did not fit: made again, and placed the usual way
                 counts["again"] += 1
                 continue
             counts["carried"] += 1
@@ -996,7 +996,7 @@ def test_a_record_carried_over_is_placed_as_one_made_again(monkeypatch, seed):
             gpus, cpg = tuple(job.g_on.values()), self._cpg_of(job)
             assert job.placed[:2] == (gpus, cpg) and job.best is job.placed[2]
             assert job.best == self._best_on(job, gpus, cpg)
-            assert not (job.touched or job.forced or job.reason or job.detail or job.privileged or job.carried)
+            assert not (job.touched or job.forced or job.reason or job.detail or job.privileged)
             assert self.placed[job.id] is job and all(job.id in self.on_node[n] for n in job.g_on)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_place_current", placed)
