@@ -64,7 +64,8 @@ class AgentShell:
         while self.outbox:
             subject, data, msg_id = self.outbox[0]
             try:
-                await asyncio.wait_for(self.bus.publish(subject, data, msg_id), self.publish_wait_s)
+                async with asyncio.timeout(self.publish_wait_s):
+                    await self.bus.publish(subject, data, msg_id)
             except PermissionError:
                 raise
             except Exception as exc:  # noqa: BLE001 - unreachable, timed out, reconnecting: all the same here

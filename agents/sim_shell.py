@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from controlplane import metrics
+from controlplane.aio import wait_or_timeout
 from controlplane.bus.base import Bus, Delivery
 from controlplane.bus.inorder import in_order
 from controlplane.events import Event, Invalid, NodeRegistered, decode, encode, make
@@ -150,7 +151,4 @@ async def run_sim_ticker(bus: Bus, clock: SimClock, period_s: float, stop: async
         seq = int(clock.now() // period_s)
         event = tick_event(seq, period_s)
         await bus.publish(event.subject, encode(event), event.id)
-        try:
-            await asyncio.wait_for(stop.wait(), clock.wall_until((seq + 1) * period_s))
-        except asyncio.TimeoutError:
-            pass
+        await wait_or_timeout(stop, clock.wall_until((seq + 1) * period_s))

@@ -36,6 +36,8 @@ import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
+from .aio import wait_or_timeout
+
 log = logging.getLogger(__name__)
 
 BUCKET = "rubick-leases"
@@ -111,6 +113,7 @@ def replica_id() -> str:
 _RETRIED = (nats.errors.Error, asyncio.TimeoutError, OSError)
 
 
+
 @dataclass
 class Lease:
     kv: KeyValue
@@ -139,7 +142,8 @@ class Lease:
     async def try_acquire(self) -> bool:
         sent = self.clock()
         try:
-            rev = await asyncio.wait_for(self.kv.create(self.key, self.holder.encode()), self.terms.deadline_s)
+            async with asyncio.timeout(self.terms.deadline_s):
+                rev = await self.kv.create(self.key, self.holder.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         except _RETRIED as exc:
@@ -155,10 +159,7 @@ class Lease:
         while not stop.is_set():
             if await self.try_acquire():
                 return True
-            try:
-                await asyncio.wait_for(stop.wait(), self.terms.poll_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_or_timeout(stop, self.terms.poll_s)
         return False
 
     async def renew(self) -> bool:
@@ -167,8 +168,8 @@ class Lease:
             return False
         sent = self.clock()
         try:
-            rev = await asyncio.wait_for(self.kv.update(self.key, self.holder.encode(), last=self.revision),
-                                         max(0.01, self.valid_until - sent))
+            async with asyncio.timeout(max(0.01, self.valid_until - sent)):
+                rev = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             log.warning("lease %s: taken over by another replica", self.key)
             self._refused = True
@@ -179,16 +180,28 @@ class Lease:
         self.revision, self.valid_until = rev, sent + self.terms.deadline_s
         return True
 
-    async def keep(self, lost: asyncio.Event) -> None:
-        """Renew until cancelled; set `lost` as soon as the lease is no longer held."""
+    async def keep(self, lost: asyncio.Event, done: asyncio.Event | None = None) -> None:
+        """Renew until `done` is set or the task is cancelled; set `lost` as soon as the lease is no longer held.
+
+        A cancellation alone cannot be relied on to end it: nats-py waits for the server's answer with
+        `asyncio.wait_for`, which on Python 3.11 swallows a cancellation arriving as the answer does (the
+        renewal returns as if nothing happened). So the keeper also stops on `done`, and on a cancellation it
+        sees pending (`Task.cancelling()`) after any renewal; a keeper that went on would renew for ever the
+        lease of a term that has ended."""
+        done = asyncio.Event() if done is None else done
+        me = asyncio.current_task()
         next_renew = self.clock() + self.terms.renew_every_s
-        while self.held():
+        while self.held() and not done.is_set():
             wait = min(next_renew, self.valid_until) - self.clock()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            if wait > 0 and await wait_or_timeout(done, wait):
+                return
             if self.clock() >= next_renew:
                 ok = await self.renew()
+                if me is not None and me.cancelling():
+                    raise asyncio.CancelledError
                 next_renew = self.clock() + (self.terms.renew_every_s if ok else self.terms.poll_s)
+        if done.is_set():
+            return
         log.warning("lease %s: lost (held %s)", self.key, self.holder)
         lost.set()
 
@@ -198,7 +211,8 @@ class Lease:
         if rev is None or self._refused:
             return
         try:
-            await asyncio.wait_for(self.kv.delete(self.key, last=rev), self.terms.deadline_s)
+            async with asyncio.timeout(self.terms.deadline_s):
+                await self.kv.delete(self.key, last=rev)
         except (nats.js.errors.KeyWrongLastSequenceError, *_RETRIED) as exc:
             log.info("lease %s: not released (%s); it expires by itself", self.key, exc)
 
@@ -218,8 +232,8 @@ async def run_replicated(lease: Lease, term: Term, stop: asyncio.Event,
                 on_standby()
             if not await lease.acquire(stop):
                 return
-        term_stop = asyncio.Event()
-        keeper = asyncio.create_task(lease.keep(term_stop), name=f"lease-{lease.key}")
+        term_stop, term_done = asyncio.Event(), asyncio.Event()
+        keeper = asyncio.create_task(lease.keep(term_stop, term_done), name=f"lease-{lease.key}")
         stopper = asyncio.create_task(_relay(stop, term_stop))
         lost_in_term = False
         try:
@@ -233,11 +247,9 @@ async def run_replicated(lease: Lease, term: Term, stop: asyncio.Event,
             log.warning("lease %s: the term ended on %s (%s); standing by", lease.key, type(exc).__name__,
                         "NATS not answering" if isinstance(exc, _RETRIED) else "the lease was lost")
             lost_in_term = True
-            try:  # before trying again
-                await asyncio.wait_for(stop.wait(), lease.terms.poll_s)
-            except asyncio.TimeoutError:
-                pass
+            await wait_or_timeout(stop, lease.terms.poll_s)  # before trying again
         finally:
+            term_done.set()
             stopper.cancel()
             keeper.cancel()
             await asyncio.gather(keeper, stopper, return_exceptions=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from .aio import wait_or_timeout
 from .bus.base import Bus
 from .events import ClockTick, encode, make
 
@@ -25,7 +26,4 @@ async def run_ticker(bus: Bus, period_s: float, stop: asyncio.Event, clock=time.
         event = tick_event(seq, period_s)
         await bus.publish(event.subject, encode(event), event.id)
         next_at = (seq + 1) * period_s
-        try:
-            await asyncio.wait_for(stop.wait(), max(0.0, next_at - clock()))
-        except asyncio.TimeoutError:
-            pass
+        await wait_or_timeout(stop, next_at - clock())

@@ -12,6 +12,7 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Sequence
 
+from ..aio import wait_or_timeout
 from .base import Bus, Consumer, Delivery, PubAck, matches_any
 
 
@@ -147,10 +148,7 @@ class _MemoryConsumer(Consumer):
             if self._s.pending:  # wake up for the earliest redelivery
                 due = min(d for d, _ in self._s.pending.values()) - self._bus._clock()
                 wait = max(0.0, min(wait, due))
-            try:
-                await asyncio.wait_for(self._s.wake.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+            await wait_or_timeout(self._s.wake, wait)
 
     async def lag(self) -> int:
         log = self._bus._log

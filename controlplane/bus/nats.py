@@ -23,6 +23,7 @@ from nats.js import api
 from ..auth.credentials import Credentials
 from ..auth.store import AuthError
 from ..events.catalog import STREAM_NAME, STREAM_SUBJECTS
+from ..aio import wait_or_timeout
 from .base import Bus, Consumer, Delivery, PubAck
 
 log = logging.getLogger(__name__)
@@ -113,10 +114,7 @@ async def until_made(make, stop: asyncio.Event, on_wait=None, every_s: float = 2
             if not said and on_wait is not None:
                 on_wait(str(exc))
             said = True
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-        except TimeoutError:
-            pass
+        await wait_or_timeout(stop, every_s)
     return None
 
 
@@ -457,8 +455,9 @@ class _JetStreamConsumer(Consumer):
             if remaining <= 0 and deadline <= loop.time():
                 return out
             try:
-                msg = await asyncio.wait_for(q.get(), max(0.001, remaining))
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(max(0.001, remaining)):
+                    msg = await q.get()
+            except TimeoutError:
                 if loop.time() >= deadline:
                     return out
                 continue

@@ -92,3 +92,50 @@ async def test_a_term_is_stopped_and_fenced_when_its_lease_is_taken_over(js_bus)
     b_keeps.cancel()
     with pytest.raises(LeaseLost):
         await bus.publish("clock.tick", b"x", "fenced-3")
+
+
+async def test_a_keeper_cancelled_as_a_renewal_comes_back_ends_and_renews_no_more(js_bus):
+    """The end of a term cancels its lease keeper. A cancellation arriving as a renewal completes must end the
+    keeper all the same: on Python 3.11 `asyncio.wait_for` returned the renewal instead, and the keeper went on
+    renewing a lease nobody used while its replica waited on it for ever (a modeler that lost its lease under
+    load never became active again)."""
+    a, _ = await two_leases(js_bus)
+    assert await a.try_acquire()
+    real = a.kv
+    renewals: list[int] = []
+
+    class CancelledAsItReturns:
+        """The real bucket; the keeper's task is cancelled in the step the server's answer to a renewal comes
+        in, while the answer is awaited with `asyncio.wait_for` as nats-py awaits it."""
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        async def update(self, *args, **kw):
+            rev = await real.update(*args, **kw)
+            renewals.append(rev)
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_result(rev)  # the server's answer is in
+            keeper.cancel()  # and the keeper is cancelled before it resumes
+            return await asyncio.wait_for(answer, 5 * TTL)
+
+    a.kv = CancelledAsItReturns()
+    keeper = asyncio.create_task(a.keep(asyncio.Event()))
+    done, _ = await asyncio.wait([keeper], timeout=5 * TTL)
+    if keeper not in done:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+    assert keeper in done and keeper.cancelled(), f"the keeper went on after {len(renewals)} cancelled renewals"
+    assert len(renewals) == 1
+
+
+async def test_a_keeper_told_the_term_is_done_stops_at_once_and_says_nothing_lost(js_bus):
+    a, _ = await two_leases(js_bus)
+    assert await a.try_acquire()
+    lost, done = asyncio.Event(), asyncio.Event()
+    keeper = asyncio.create_task(a.keep(lost, done))
+    await asyncio.sleep(a.terms.renew_every_s * 2.5)  # a few renewals
+    assert a.held() and not keeper.done()
+    done.set()
+    await asyncio.wait_for(keeper, a.terms.poll_s * 4)
+    assert not lost.is_set()
