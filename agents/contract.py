@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 from controlplane.events import NodeShare, Plan, build
 from controlplane.events.schema import to_plain
 
-from . import lease
+from . import jit_ops, lease
 from .plan_config import PlanError, deepspeed_config, micro_batch_size
 
 PREFIX = "RUBICK_"
@@ -157,7 +158,8 @@ class TrainingJob:
     def from_env(cls, environ: dict[str, str] | None = None, *, run_file: str | Path | None = None,
                  catch_sigterm: bool = True) -> "TrainingJob":
         """From the launcher's environment; with `run_file` and no `RUBICK_RUN_FILE` set (a run started by
-        hand, `examples.trainer.runner`), the files are the job folder's defaults (`local_files`)."""
+        hand, `examples.trainer.runner`), the files are the job folder's defaults (`local_files`). Where the
+        training code has imported DeepSpeed, its JIT op builds are guarded (`agents.jit_ops`)."""
         env = dict(os.environ if environ is None else environ)
         if RUN_FILE not in env and run_file is not None:
             doc = json.loads(Path(run_file).read_text())
@@ -172,6 +174,8 @@ class TrainingJob:
                 signal.signal(signal.SIGTERM, _on_sigterm)
             except ValueError:  # not the main thread: the launcher's other ways to ask still work
                 pass
+        if "deepspeed" in sys.modules:  # a rank killed while DeepSpeed builds an op must not stall the next
+            jit_ops.guard_builds()
         job = cls(run, env, int(env.get("RANK", "0")))
         job.status = {"state": "running", "attempt": run.get("attempt", 1), "plan": job.plan.code(),
                       "iteration": 0, "target": job.target_iterations, "launched_at": time.time(),

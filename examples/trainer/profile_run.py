@@ -27,6 +27,7 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from agents import jit_ops  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
 from agents.reporter import Reporter  # noqa: E402
 from controlplane.events import Plan, build  # noqa: E402
@@ -99,6 +100,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
     run = json.loads(parser.parse_args().run.read_text())
+    jit_ops.guard_builds()
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     torch.set_num_threads(max(1, int(run.get("cpus_per_gpu") or 1)))
