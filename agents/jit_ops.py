@@ -39,9 +39,9 @@ def build_folder(name: str) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
-def guarded(name: str, load: Callable[[], Any], folder: Path | None = None) -> Any:
+def guarded(name: str, load: Callable[[], Any]) -> Any:
     """`load()` holding the build guard of op `name`, a baton left by a dead loader removed first."""
-    folder = build_folder(name) if folder is None else folder
+    folder = build_folder(name)
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(f"{folder}.guard", os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -113,7 +113,6 @@ def replica_id() -> str:
 _RETRIED = (nats.errors.Error, asyncio.TimeoutError, OSError)
 
 
-
 @dataclass
 class Lease:
     kv: KeyValue

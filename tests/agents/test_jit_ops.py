@@ -48,10 +48,14 @@ LOADER = textwrap.dedent("""
 """)
 
 
-def loader(tmp: Path, name: str, mode: str) -> subprocess.Popen:
+def loader(tmp: Path, name: str, mode: str, own_folder: bool = True) -> subprocess.Popen:
+    """A process loading op `name` in `mode`; its builds in `tmp/ext`, or with `own_folder` False where torch
+    builds DeepSpeed's ops for every process of this machine."""
     src = tmp / "answer.cpp"
     src.write_text(SOURCE)
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp / "ext"), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if own_folder:
+        env["TORCH_EXTENSIONS_DIR"] = str(tmp / "ext")
     return subprocess.Popen([sys.executable, "-c", LOADER, name, str(src), mode], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -109,16 +113,7 @@ def test_the_contract_guards_deepspeed_and_guarding_twice_changes_nothing(tmp_pa
 def test_training_starts_after_a_rank_was_killed_inside_deepspeeds_op_load(tmp_path):
     """The failure this guards against, end to end: a loader killed holding the baton of the op DeepSpeed
     loads in `init_distributed` on a CPU node, then the example trainer runs to the end."""
-    name = "deepspeed_shm_comm"
-    killed = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from agents import jit_ops
-        def hold():
-            (jit_ops.build_folder("{name}") / jit_ops.BATON).touch()
-            print("holding", flush=True)
-            time.sleep(600)
-        jit_ops.guarded("{name}", hold)
-    """)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    killed = loader(tmp_path, "deepspeed_shm_comm", "die-holding-the-baton", own_folder=False)
     try:
         assert killed.stdout.readline().strip() == "holding"
     finally:
