@@ -24,6 +24,7 @@ from ..auth.credentials import Credentials
 from ..auth.store import AuthError
 from ..events.catalog import STREAM_NAME, STREAM_SUBJECTS
 from ..aio import wait_or_timeout
+from . import nats_headers as header_client
 from .base import Bus, Consumer, Delivery, PubAck
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ def _ack_meta(reply: str) -> tuple[int, int, float, int, int]:
 def _delivery(msg) -> Delivery:
     seq, deliveries, stored, _, consumer_seq = _ack_meta(msg.reply)
     headers = msg.headers
+    # nats-py's nak takes its delay as this contract's does (none when 0)
     return Delivery(msg.subject, msg.data, seq, headers.get(MSG_ID) if headers else None, stored,
-                    deliveries, msg.ack, lambda delay=0.0: msg.nak(delay=delay or None), consumer_seq)
+                    deliveries, msg.ack, msg.nak, consumer_seq)
 
 
 def _differs(have: api.StreamConfig, want: api.StreamConfig) -> bool:
@@ -168,7 +170,7 @@ class JetStreamBus(Bus):
 
         await _reachable(url, connect_timeout)
         servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster's servers, comma-separated
-        connecting = asyncio.ensure_future(nats.connect(
+        connecting = asyncio.ensure_future(header_client.connect(
             servers, name=name, connect_timeout=connect_timeout, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
             allow_reconnect=True, error_cb=on_error, **options))
         await asyncio.wait([connecting, fatal], timeout=max(30.0, 3 * connect_timeout),
