@@ -8,6 +8,7 @@ import pytest
 
 from controlplane.bus import MemoryBus, subject_matches
 from controlplane.bus.nats import JetStreamBus
+from tests.deliveries import fetch_all
 
 
 @pytest.fixture(params=["memory", "nats"])
@@ -22,14 +23,6 @@ async def bus(request, tmp_path):
         yield b
         await b.close()
 
-
-async def fetch_all(consumer, want: int, timeout: float = 5.0):
-    got = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(got) < want and loop.time() < deadline:
-        got += await consumer.fetch(want - len(got), timeout=0.5)
-    return got
 
 
 async def test_publish_assigns_increasing_sequences(bus):

@@ -9,6 +9,7 @@ from controlplane.bus.inorder import in_order
 from controlplane.bus.memory import MemoryBus
 from controlplane.events import Event, encode
 from controlplane.service import ServiceShell
+from tests.deliveries import fetch_all
 
 from .samples import sample
 
@@ -92,9 +93,10 @@ async def test_jetstream_numbers_every_delivery_redeliveries_too(js_bus):
         await js_bus.publish("clock.tick", encode(sample("clock.tick", i)), f"t{i}")
         await js_bus.publish("node.heartbeat", encode(sample("node.heartbeat", i)), f"h{i}")
     consumer = await js_bus.consumer("svc-count", ("clock.tick",))
-    first = await consumer.fetch(3, timeout=2)
+    first = await fetch_all(consumer, 3)
     assert [(d.seq, d.consumer_seq) for d in first] == [(1, 1), (3, 2), (5, 3)]
     await first[0].nak()
-    again = await consumer.fetch(3, timeout=2)
+    again = await fetch_all(consumer, 1)
+    assert await consumer.fetch(3, timeout=0.3) == []  # the nak gave back one delivery, no more
     assert [(d.seq, d.consumer_seq, d.deliveries) for d in again] == [(1, 4, 2)]
     await consumer.close()

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from nats.aio.client import Client
 
-from controlplane.bus.nats import JetStreamBus
 from controlplane.bus.nats_headers import HeaderClient, plain_headers
+from tests.deliveries import fetch_all
 
 
 def _both(block: bytes):
@@ -79,6 +79,6 @@ async def test_published_ids_arrive_through_a_real_server(js_bus):
     for i, msg_id in enumerate(ids):
         await js_bus.publish("job.submitted", f"x{i}".encode(), msg_id)
     consumer = await js_bus.consumer("hdr-test", ["job.submitted"])
-    got = await consumer.fetch(10, timeout=5)
+    got = await fetch_all(consumer, len(ids))
     assert [(d.msg_id, d.data) for d in got] == [(m, f"x{i}".encode()) for i, m in enumerate(ids)]
     await consumer.close()

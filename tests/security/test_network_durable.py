@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.auth import Identity, may_publish, permissions
 from controlplane.auth.roles import ROLES
+from tests.deliveries import fetch_all
 
 from .test_permissions import connect, secured  # noqa: F401  (the fixture)
 
@@ -75,7 +76,7 @@ async def test_the_policy_identity_creates_works_and_deletes_svc_network_and_the
         reply = json.loads((await policy.nc.request(DELETE, b"", timeout=5.0)).data)
         assert reply.get("success") is True, reply
         consumer = await policy.consumer("svc-network", ("clock.tick",))
-        got = await consumer.fetch(3, timeout=2.0)
+        got = await fetch_all(consumer, 3)
         assert [d.seq for d in got] == [1, 2, 3]
         for d in got:
             await d.ack()
