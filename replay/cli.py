@@ -156,6 +156,13 @@ ARTIFACT_COST_S = 260.0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from .stopping import before
+
+    with before():  # a time limit that comes while the trace is read still gets the run written, with nothing in it
+        return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
     from .config import RunConfig, default_cache_dir, load_parts, parse_cluster, policy_names
     from .importers import read_trace
     from .run import simulate, trace_inputs
@@ -235,7 +242,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .progress import sim as sim_progress
 
     show = progress_enabled(args.progress)
-    from .run import interrupted
+    from .stopping import interrupted, kept
     interrupted.clear()
     for k, name in enumerate(names, 1):
         cfg = replace(base, policy=name)
@@ -251,6 +258,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(f"rubick: stopped by {signal.Signals(interrupted[0]).name}: {out_dir} holds what was simulated "
                   "until then", file=sys.stderr)
             return 128 + interrupted[0]
+    late = kept()
+    if late is not None:  # it came while the last run was written: that run is whole
+        print(f"rubick: stopped by {signal.Signals(late).name} after {args.out} was written", file=sys.stderr)
+        return 128 + late
     return 0
 
 

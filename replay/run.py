@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,6 +13,7 @@ from controlplane.events import Event, JobSubmitted, make
 from agents.simulated import GroundTruth, SimulatedAgents
 from policy.curves import request_placements
 
+from . import stopping
 from .config import Parts, PolicyFactory, RunConfig, control_cores, fabric, node_events, node_gpus
 from .progress import SimCallback, current as progress_hook
 from .record import write_log
@@ -72,7 +70,7 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
                              noise=cfg.noise, seed=cfg.seed, fabric=fabric(cfg, parts, nodes))
     sim = Simulation(control_cores(cfg, parts, policy_factory), agents, tick_period_s=cfg.tick_period_s,
                      max_time_s=cfg.max_time_s)
-    with _stop_on_signals(sim):  # a time limit or Ctrl-C: the run stops and what it simulated is written
+    with stopping.during(sim):  # a time limit or Ctrl-C: the run stops and what it simulated is written
         result = sim.run(inputs, progress if progress is not None else progress_hook.get())
     sim_extra = {
         "config": cfg.to_json(),
@@ -101,32 +99,6 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
     return RunOutput(summary, result, files, time.perf_counter() - t0)
 
 
-@contextlib.contextmanager
-def _stop_on_signals(sim: Simulation):
-    """While the simulation runs (in the main thread), SIGTERM and SIGINT ask it to stop at its next point in
-    time instead of killing the process, so the log and summary of what it simulated are still written;
-    `interrupted` says which signal came (the command then exits with 128 + its number)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    seen: list[int] = []
-
-    def ask(signum, _frame) -> None:
-        seen.append(signum)
-        sim.stop_requested = signal.Signals(signum).name
-
-    old = {s: signal.signal(s, ask) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if seen:
-            interrupted.append(seen[0])
-
-
-interrupted: list[int] = []
-"""Signals that stopped a simulation early in this process (the CLI's exit code)."""
 
 
 def trace_inputs(cfg: RunConfig, jobs: Sequence[TraceJob], parts: Parts) -> list[Event]:
