@@ -99,7 +99,5 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
     return RunOutput(summary, result, files, time.perf_counter() - t0)
 
 
-
-
 def trace_inputs(cfg: RunConfig, jobs: Sequence[TraceJob], parts: Parts) -> list[Event]:
     return [*node_events(cfg.cluster), *submissions(jobs, parts)]

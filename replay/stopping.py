@@ -4,8 +4,9 @@ While a simulation runs (in the main thread), either signal asks it to stop at i
 killing the process, so the log and summary of what it simulated are still written (`during`). A command that
 simulates also keeps the signals that come while it is still getting ready (reading the trace, fitting the models:
 `before`): its simulation then stops at its first point in time, and the command still writes its run, with nothing
-simulated, and exits 128 + the signal's number. A second signal while it is getting ready is not kept: the process
-ends the way that signal ends it by default.
+simulated, and exits 128 + the signal's number; a signal while the finished run is written lets the write end, and
+the command exits the same way (`kept`). A second signal in either time is not kept: the process ends the way that
+signal ends it by default.
 
 Kept apart from `replay.run` so that a command can take the signals before it imports the simulator.
 """
