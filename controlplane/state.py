@@ -104,6 +104,8 @@ class ClusterState:
     events: int = 0
     _alive: tuple[NodeState, ...] | None = field(default=None, init=False, repr=False, compare=False)
     """`alive_nodes()`, until a node event changes which nodes are alive (`_nodes_changed`)"""
+    _figures: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    """`_node_figures()` of `_alive`, kept with it"""
 
     # --- capacity ---------------------------------------------------------------
     def alive_nodes(self) -> tuple[NodeState, ...]:
@@ -115,11 +117,28 @@ class ClusterState:
         return self._alive
 
     def _nodes_changed(self) -> None:
-        self._alive = None
+        self._alive = self._figures = None
+
+    def _node_figures(self) -> tuple:
+        """What every submission and round reads of the live nodes as a whole, worked out once per set of live
+        nodes: (their GPUs, CPUs and memory together, the most GPUs of one node (0: none live), their names)."""
+        if self._figures is None or self._alive is None:
+            nodes = self.alive_nodes()
+            self._figures = (sum(n.gpus for n in nodes), sum(n.cpus for n in nodes), sum(n.mem_gb for n in nodes),
+                             max((n.gpus for n in nodes), default=0), frozenset(n.node for n in nodes))
+        return self._figures
 
     def totals(self) -> tuple[int, int, float]:
-        nodes = self.alive_nodes()
-        return sum(n.gpus for n in nodes), sum(n.cpus for n in nodes), sum(n.mem_gb for n in nodes)
+        """The live nodes' GPUs, CPUs and memory together."""
+        return self._node_figures()[:3]
+
+    def widest(self) -> int:
+        """The most GPUs one live node has (0: none is live)."""
+        return self._node_figures()[3]
+
+    def alive_names(self) -> frozenset[str]:
+        """The names of the live nodes."""
+        return self._node_figures()[4]
 
     def jobs_in(self, *statuses: str) -> list[JobState]:
         """The jobs in any of `statuses`, by id."""
@@ -176,7 +195,7 @@ class ClusterState:
             if r.mem_gb > mem:
                 return ("more host memory than the cluster has", "resources.mem_gb", f"<= {mem:g}",
                         f"{r.mem_gb:g}")
-            widest = max(n.gpus for n in nodes)
+            widest = self.widest()
             if sub.plan.tp > widest:
                 return ("tensor parallelism must stay inside one node", "plan.tp", f"<= {widest}",
                         str(sub.plan.tp))

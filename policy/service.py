@@ -112,6 +112,8 @@ class PolicyCore:
     """job -> (its decided allocation, node -> (GPUs, CPUs), node -> memory): `JobIn.current` and `current_mem`,
     rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
+    _least_cpg: tuple | None = field(default=None, repr=False)
+    """(the state's live nodes, the fewest CPUs per GPU of one of them (None: none has GPUs)), for `_cannot_run`"""
     _made: dict = field(default_factory=dict, repr=False)
     """job -> ((reason, GPUs, needs, detail), the `Pending` made of them, the outcome they came from) in the last
     round"""
@@ -256,13 +258,13 @@ class PolicyCore:
         return self._free
 
     def _count_free(self) -> int:
-        alive = {n.node: n.gpus for n in self.state.alive_nodes()}
+        alive = self.state.alive_names()
         used = 0
         for job_id in self._holding:  # a job holds what it was decided only while its last decision gave it some
             job = self.state.jobs.get(job_id)
             if job is not None and job.status in SCHEDULED:
                 used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
-        return sum(alive.values()) - used
+        return self.state.totals()[0] - used
 
     def _pause(self, job_id: str, t: float) -> None:
         """A running job the round changes stops at `t` to restart: count its progress up to `t` and
@@ -311,8 +313,10 @@ class PolicyCore:
         # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
         kind = JobKind(model, job.global_batch_size, ALL_FAMILIES, support=self._support(job))
         nodes = self.state.alive_nodes()
-        cpg = max(1, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=book.max_cpus_per_gpu))
-        cpg = min(cpg, book.max_cpus_per_gpu)
+        least = self._least_cpg
+        if least is None or least[0] is not nodes:  # worked out again once the live nodes change
+            least = self._least_cpg = (nodes, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=None))
+        cpg = min(max(1, book.max_cpus_per_gpu if least[1] is None else least[1]), book.max_cpus_per_gpu)
         key = (job.model_type, job.global_batch_size, cpg, book.max_gpus, self._support(job))
         runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
         if runs is None:

@@ -59,25 +59,31 @@ def test_fold_is_deterministic_and_incremental():
 
 
 def test_the_live_nodes_follow_every_node_event():
-    """`alive_nodes()` is kept between reads: each event that changes which nodes are alive (or what one has)
-    must show in the next read, and the totals with it."""
+    """`alive_nodes()` and what is worked out of them (the totals, the widest node, the names) are kept between
+    reads: each event that changes which nodes are alive (or what one has) must show in the next read."""
     from controlplane.events import NodeHeartbeat, NodeRegistered
 
-    def reg(name, gpus, t):
-        return ev("node.registered", NodeRegistered(node=name, gpus=gpus, gpu_mem_gb=80.0, cpus=64, mem_gb=512.0), t)
+    def reg(name, gpus, t, cpus=64):
+        return ev("node.registered", NodeRegistered(node=name, gpus=gpus, gpu_mem_gb=80.0, cpus=cpus, mem_gb=512.0), t)
+
+    def seen(state):
+        return ([n.node for n in state.alive_nodes()], state.totals(), state.widest(), sorted(state.alive_names()))
 
     state = fold([reg("b", 8, 1.0), reg("a", 4, 2.0)], known_models=["gpt2"])
-    assert [n.node for n in state.alive_nodes()] == ["a", "b"] and state.totals()[0] == 12
-    fold([ev("node.lost", NodeLost(node="a", reason="gone"), 3.0)], state)
-    assert [n.node for n in state.alive_nodes()] == ["b"] and state.totals()[0] == 8
-    fold([ev("node.heartbeat", NodeHeartbeat(node="b", jobs=()), 4.0)], state)  # alive already: the same nodes
-    assert [n.node for n in state.alive_nodes()] == ["b"]
-    fold([ev("node.heartbeat", NodeHeartbeat(node="a", jobs=()), 5.0)], state)  # back
-    assert [n.node for n in state.alive_nodes()] == ["a", "b"] and state.totals()[0] == 12
-    fold([reg("a", 2, 6.0)], state)  # registered again with fewer GPUs
-    assert [(n.node, n.gpus) for n in state.alive_nodes()] == [("a", 2), ("b", 8)] and state.totals()[0] == 10
+    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"])
+    fold([ev("node.lost", NodeLost(node="b", reason="gone"), 3.0)], state)
+    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"])
+    fold([ev("node.heartbeat", NodeHeartbeat(node="a", jobs=()), 4.0)], state)  # alive already: the same nodes
+    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"])
+    fold([ev("node.heartbeat", NodeHeartbeat(node="b", jobs=()), 5.0)], state)  # back
+    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"])
+    fold([reg("b", 2, 6.0, cpus=16)], state)  # registered again with fewer GPUs and CPUs
+    assert [(n.node, n.gpus) for n in state.alive_nodes()] == [("a", 4), ("b", 2)]
+    assert seen(state)[1:] == ((6, 80, 1024.0), 4, ["a", "b"])
     fold([reg("c", 8, 7.0)], state)
-    assert [n.node for n in state.alive_nodes()] == ["a", "b", "c"] and state.totals()[0] == 18
+    assert seen(state) == (["a", "b", "c"], (14, 144, 1536.0), 8, ["a", "b", "c"])
+    fold([ev("node.lost", NodeLost(node=n, reason="gone"), 8.0) for n in "abc"], state)
+    assert seen(state) == ([], (0, 0, 0), 0, [])
 
 
 def test_the_open_jobs_are_those_jobs_in_lists_in_the_order_first_seen():
