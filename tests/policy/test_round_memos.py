@@ -18,6 +18,7 @@ from controlplane.events.payloads import JobControl, NodeLost
 from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
+from policy import engine_index, records
 from policy.oracle import from_modeler
 from policy.registry import make_policy
 
@@ -310,7 +311,7 @@ def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, see
         if order.end:
             yield from self._shrinkable(order.end, order.seen())[0]
 
-    monkeypatch.setattr(engine_mod, "_SKIP_FROM", skip_from)
+    monkeypatch.setattr(engine_index, "_SKIP_FROM", skip_from)
     monkeypatch.setattr(engine_mod.RubickEngine, "_visits", visits)
     skipping, _ = drive(seed, nodes=16, jobs=160, steps=30)
     assert seen["walks"] > 50 and seen["passed"] > 100 and seen["tails"] > 50 and seen["lazy"] > 50, seen
@@ -336,7 +337,7 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
         seen["settled" if answer else "not"] += 1
         if answer:
             forced = {j.id: j.forced for j in self.jobs.values()}
-            jr = engine_mod._Journal()
+            jr = records._Journal()
             assert self._settle(jr, job)
             assert not self._worth_it(job, old, {})
             assert {j.id: j.forced for j in self.jobs.values()} == forced
@@ -371,7 +372,7 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
             return None
         # the search itself on the same nodes: the same GPUs, from no other job, and no held job passed over
         start, held_back, g_on = dict(job.g_on), self.held_back, dict(job.g_on)
-        jr, victims = engine_mod._Journal(), {}
+        jr, victims = records._Journal(), {}
         for node in self._visits(job, order, victims):
             if target - job.g <= 0:
                 break
@@ -394,7 +395,7 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
         seen["back" if answer else "not"] += 1
         if answer:
             forced = {j.id: j.forced for j in self.jobs.values()}
-            start, jr = dict(job.g_on), engine_mod._Journal()
+            start, jr = dict(job.g_on), records._Journal()
             for node, take in taken.items():
                 self._move(jr, node, None, job, take)
             assert self._settle(jr, job) and job.g_on == start

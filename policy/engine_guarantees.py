@@ -1,0 +1,177 @@
+"""The Rubick engine's guaranteed jobs: lines 2-3 of Algorithm 1 (each placed within its tenant's quota, charged at
+`min_res`), repacking the best-effort jobs to make room, and the quotas."""
+
+from __future__ import annotations
+
+from .curves import packed
+from .plans import canonical
+from .records import _Job, _Journal
+
+
+class _Guarantees:
+    """Part of `RubickEngine`: its guaranteed jobs and quotas (it reads the round's state the engine keeps)."""
+
+    def _privileged(self) -> None:
+        """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
+        guaranteed job that meets its guarantee keeps it; one that does not (it ran over quota
+        before, or its placement is too fragmented) is placed again as a privileged job."""
+        used: dict[str, int] = {}
+        retry: set[str] = set()  # ids: a job is no other's equal, and comparing dataclasses field by field is slow
+        for job in self._awake:
+            if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
+                continue
+            place = canonical(tuple(job.g_on.values()))
+            as_asked = job.request is not None and place == job.request.placement  # its own request's GPUs
+            if self._meets(job, self._guarded(job, job.best, place if as_asked else None)
+                           if job.best is not None else None):
+                job.privileged = True
+                used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+                self._reindex(job)
+            else:
+                retry.add(job.id)
+        for job in self._awake:
+            if not job.inp.guaranteed or (job.g and job.id not in retry):
+                continue
+            if self._quota_left(job, used) < job.min_g:
+                job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
+                self._best_effort(job)
+                continue
+            job.privileged = True
+            released = _Journal()
+            if job.g:
+                self._release(released, job)
+            placed = self._schedule_job(job)
+            if not placed and job.want_g > max(1, job.min_g):  # what it wants misses the guarantee: its minimum
+                want, job.want_g = job.want_g, max(1, job.min_g)
+                placed = self._schedule_job(job)
+                job.want_g = want
+            if not placed:
+                placed = self._repack(job)
+            if placed:
+                used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
+                job.reason = "guarantee"
+                job.forced = bool(released.ops)
+            else:
+                self._undo(released, [job])
+                job.privileged = False
+                job.detail = {"guarantee": "no placement meets it this round"}
+                self._best_effort(job)
+        for job in self._awake:
+            if job.inp.guaranteed and not job.privileged:
+                self._best_effort(job)
+        self._quota_used = used
+
+    def _repack(self, job: _Job) -> bool:
+        """A guarantee that no placement meets because other guarantees hold a few GPUs on each of
+        the nodes it needs: move guaranteed jobs that run on one node onto a node with room, to
+        clear those nodes. A moved job gets the fewest GPUs (at least its minimum) with which it
+        still ends before its deadline after the restart; one that cannot stays. The nodes to
+        clear are those with the fewest such GPUs to move; the jobs are placed biggest first on the
+        node with the least room that holds them (best fit). Undone whole when any step fails."""
+        need = packed(max(1, job.min_g), self.book.node_gpus)
+        if len(need) > len(self.order):
+            return False
+        pinned = {n: 0 for n in self.order}
+        movable: dict[str, list[_Job]] = {n: [] for n in self.order}
+        size: dict[str, int] = {}
+        for v in self.jobs.values():
+            if v is job or not v.privileged or v.g <= 0:
+                continue
+            g = self._size_in_time(v) if len(v.g_on) == 1 else None
+            if g is not None:
+                movable[next(iter(v.g_on))].append(v)
+                size[v.id] = g
+            else:
+                for n, g in v.g_on.items():
+                    pinned[n] += g
+        load = {n: sum(size[v.id] for v in movable[n]) for n in self.order}
+        cap = {n: self.nodes[n].gpus - pinned[n] for n in self.order}
+        chosen: list[str] = []
+        for want in need:
+            fits = [n for n in self.order if n not in chosen and cap[n] >= want]
+            if not fits:
+                return False
+            chosen.append(min(fits, key=lambda n: (load[n], pinned[n], n)))
+        room = {n: cap[n] - load[n] for n in self.order}
+        for n, want in zip(chosen, need):
+            room[n] = cap[n] - want
+        moves: list[tuple[_Job, str]] = []
+        for v in sorted((v for n in chosen for v in movable[n]), key=lambda v: (-size[v.id], v.id)):
+            g, home = size[v.id], next(iter(v.g_on))
+            if room[home] >= g:
+                room[home] -= g  # stays where it is
+                continue
+            fits = [n for n in self.order if room[n] >= g]
+            if not fits:
+                return False
+            to = min(fits, key=lambda n: (room[n], n))
+            room[to] -= g
+            moves.append((v, to))
+        if not moves:
+            return False  # nothing to move: the plain attempt already failed on these nodes
+        jr = _Journal()
+        for v, _ in moves:
+            self._release(jr, v)
+            self._reindex(v)
+        ok = self._at_least(job, jr, chosen, max(1, job.min_g))
+        for v, to in moves:
+            ok = ok and self._at_least(v, jr, [to], size[v.id])
+        if not ok:
+            self._undo(jr, list(self.jobs.values()))
+            return False
+        for v, _ in moves:
+            self._reindex(v)
+            v.forced, v.reason, v.detail = True, "moved", {"by": job.id, "why": "packing guarantees"}
+        return True
+
+    def _size_in_time(self, v: _Job) -> int | None:
+        """The fewest GPUs on one node, at least its minimum, with which a running guaranteed job
+        restarted now still ends before its deadline (its speed: the reference, or the predicted best
+        less the type's margin where that is more); None when no node size does."""
+        for g in range(max(1, v.min_g), self.book.node_gpus + 1):
+            best = self.book.best(v.inp.kind, (g,), self._cpg_of(v))
+            margin = 1 + self._margin(v.inp.kind, best.plan)
+            if self._in_time(v, max(v.ref, best.throughput / margin if best.plan is not None else 0.0)):
+                return g
+        return None
+
+    def _at_least(self, job: _Job, jr: _Journal, nodes: list[str], gpus: int) -> bool:
+        """ScheduleJob on `nodes` only, as if `gpus` were the job's minimum (taking from any job
+        over its own minimum), and wanting no more."""
+        saved = (job.want_g, job.min_g)
+        job.want_g = job.min_g = gpus
+        try:
+            return self._schedule_job(job, jr, only=nodes)
+        finally:
+            job.want_g, job.min_g = saved
+
+    def _release(self, jr: _Journal, job: _Job) -> None:
+        self._mark_rooms(job.g_on)
+        released = list(job.g_on)
+        for node in released:
+            jr.set(self.free_g, node, self.free_g[node] + job.g_on[node])
+            jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
+            jr.set(self.on_node, node, self.on_node[node] - {job.id})
+            jr.set(job.g_on, node, None)
+            jr.set(job.c_on, node, None)
+        for node in list(job.mem_on):
+            jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+            jr.set(job.mem_on, node, None)
+        jr.attr(job, "g", 0)
+        jr.attr(job, "best", None)
+        self._free_changed(released)
+
+    def _best_effort(self, job: _Job) -> None:
+        """A guaranteed job outside its quota runs as best-effort: no minimum."""
+        if not self.fixed_resources and (job.min_g or job.min_c):
+            job.min_g = job.min_c = 0
+            self._tables(job)
+            self._reindex(job)
+
+    def _quota(self, job: _Job) -> int:
+        if self.quotas is None:
+            return self._cluster_gpus
+        return int(self.quotas.get(job.inp.tenant, 0))
+
+    def _quota_left(self, job: _Job, used: dict[str, int]) -> int:
+        return self._quota(job) - used.get(job.inp.tenant, 0)

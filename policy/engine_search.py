@@ -1,0 +1,458 @@
+"""The Rubick engine's ScheduleJob: an attempt gathers GPUs (free ones, then those of jobs of lower slope), settles
+the best plan on what it gathered, gives back what the plan leaves unused, allocates CPUs and memory, and is kept
+or undone; the restart rule decides whether a running job's own change is worth its restart."""
+
+from __future__ import annotations
+
+import math
+
+from .curves import Best, knee, slope_down, slope_up
+from .plans import canonical
+from .records import EPS, _Job, _Journal, _Order
+
+
+class _Search:
+    """Part of `RubickEngine`: one job's attempt (ScheduleJob) and the restart rule."""
+
+    def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
+        if self._room_of is not None:
+            self._room_stale.add(node)
+        if src is None:
+            jr.set(self.free_g, node, self.free_g[node] - gpus)
+            self._free_changed((node,))
+        else:
+            left = src.g_on[node] - gpus
+            jr.set(src.g_on, node, left if left > 0 else None)
+            jr.attr(src, "g", src.g - gpus)
+            keep_c = min(src.c_on.get(node, 0), left * max(1, src.c_on.get(node, 0) // max(1, src.g_on.get(node, 1) + gpus)))
+            if left <= 0:
+                keep_c = 0
+            freed = src.c_on.get(node, 0) - keep_c
+            jr.set(src.c_on, node, keep_c if left > 0 else None)
+            jr.set(self.free_c, node, self.free_c[node] + freed)
+            if left <= 0:
+                jr.set(self.on_node, node, self.on_node[node] - {src.id})
+                if node in src.mem_on:  # off the node: its memory there is free again
+                    jr.set(self.free_m, node, self.free_m[node] + src.mem_on[node])
+                    jr.set(src.mem_on, node, None)
+        jr.set(dst.g_on, node, dst.g_on.get(node, 0) + gpus)
+        jr.attr(dst, "g", dst.g + gpus)
+        if dst.id not in self.on_node[node]:
+            jr.set(self.on_node, node, self.on_node[node] | {dst.id})
+
+    def _schedule_job(self, job: _Job, jr: _Journal | None = None, only: list[str] | None = None) -> bool:
+        """ScheduleJob; `jr` records its changes in a caller's journal (a repack), `only` limits the
+        nodes it visits."""
+        if job.g >= job.want_g and job.g >= job.min_g:
+            return job.g > 0
+        if job.g and job.g >= job.min_g and job.id in self.held:
+            if self._any_free() or self._beats(job, self.lowest):
+                self.held_back = True  # it could have grown
+                self.why[job.id] = "held"
+            return True  # changed a moment ago: no growth before it has run a while
+        if not job.g_on and not self._may_gather(job, self.lowest):
+            self.why[job.id] = "no-gpus"
+            return False
+        queued = self._failed is not None and jr is None and only is None  # an attempt of the round's queue
+        if queued and self.held_back and self._too_short(job):
+            self.why[job.id] = "held"  # the restart rule: no change could pay its restart
+            return True
+        repeat = self._repeat_key(job) if queued else None
+        if repeat is not None and repeat in self._failed:
+            self.why[job.id] = self._failed[repeat]
+            return False
+        jr = jr if jr is not None else _Journal()
+        mark = len(jr.ops)
+        before = (dict(job.g_on), dict(job.c_on), job.best)
+        free_before = (self._free_list, self._free_any)  # what the cache of free nodes is again once undone
+        if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
+            spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
+                                                   for *_, vid in self.by_down if vid != job.id)
+            if job.g + spare < job.min_g:
+                self.why[job.id] = "no-gpus"
+                return False
+        self._skipped_held = False
+        victims: dict[str, _Job] = {}
+        live: dict[str, list] = {}
+        """node -> [`_candidates` as they are now, None], for this attempt (`_lowest_slope_over_min`)"""
+        floor = self.lowest
+        """the lowest (priority, slope) any job may have: the index's (the slopes of when the attempt
+        began), or that of a job shrunk since"""
+        target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
+        scans, orders = (self._scans, self._orders) if queued else (None, None)
+        g0 = job.g
+        nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
+        if type(nodes) is _Order:
+            if g0 >= max(1, job.min_g) and job.inp.running:  # a running job's growth the restart rule refuses
+                taken = self._takes_free_only(job, nodes, floor, target)
+                if taken and self._settles_back(job, taken, before[2]):
+                    self._reindex(job)  # as the undo would (nothing was written)
+                    self.why[job.id] = "held"  # the restart rule: what it would take it gives back, nothing faster
+                    return True
+            nodes = self._visits(job, nodes, victims)
+        for node in nodes:
+            if target - job.g <= 0:
+                break
+            take = min(self.free_g[node], target - job.g)
+            if take > 0:
+                self._move(jr, node, None, job, take)
+            others = self.on_node[node]
+            if not others or (len(others) == 1 and job.id in others):
+                continue  # nobody else to shrink here
+            if job.g >= job.min_g and not self._beats(job, floor):
+                continue  # no job anywhere has a slope (or priority) below the job's own any more: free GPUs only
+            if job.g >= job.min_g and self._none_below(node, job, victims):
+                continue  # no job here has a slope (or priority) below the job's own: the search would find none
+            if victims and scans is not None and node not in live:  # read as the attempt began, but what it shrank
+                start = scans.get(node)
+                if start is not None:
+                    entries = list(start[0])
+                    live[node] = [entries, None]
+                    for v in victims.values():
+                        self._shrunk_on(entries, v, node)
+            while target - job.g > 0:  # shrink the lowest slope below the job's own (any while under its minimum)
+                victim = self._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up(),
+                                                     None if victims else scans, live)
+                if victim is None:
+                    break
+                self._move(jr, node, victim, job, 1)
+                self._shrunk(live, victim, node)
+                victims[victim.id] = victim
+                if self._over_min(victim):
+                    floor = min(floor, (victim.inp.priority, victim.down()))
+        if (not victims and job.g == g0 and g0 >= max(1, job.min_g) and job.inp.running
+                and self._settled(job, before[2])):
+            self._reindex(job)  # as the undo below would (nothing was written)
+            self.why[job.id] = "held"  # the restart rule, as below: nothing gathered, nothing faster
+            return True
+        touched = [job, *victims.values()]
+        gathered = job.g
+        if gathered < max(1, job.min_g) or not self._settle(jr, job):
+            self._undo(jr, touched, mark)
+            self._free_list, self._free_any = free_before
+            self.why[job.id] = ("held" if self._skipped_held else "no-gpus") \
+                if gathered < max(1, job.min_g, self._least(job)) else "no-fit"
+            if repeat is not None:
+                self._failed[repeat] = self.why[job.id]
+            return False
+        if job.inp.running and before[0] and job.g >= job.min_g and not self._worth_it(job, before[2], victims):
+            self._undo(jr, touched, mark)
+            self._free_list, self._free_any = free_before
+            self.why[job.id] = "held"  # the restart rule: the gain would not pay the restart
+            return True
+        if job.g < target:
+            self.why[job.id] = "held" if self._skipped_held else "no-gpus"
+        self.placed[job.id] = job
+        self._kept += 1
+        for t in touched:
+            self._reindex(t)
+        if queued:
+            self._forget(jr, mark)
+        for v in victims.values():
+            jr.attr(v, "forced", True)
+            jr.attr(v, "reason", "shrunk" if v.g else "preempted")
+            jr.attr(v, "detail", {"by": job.id, "slope": f"{v.down():.4g}"})
+        if victims and not job.reason:
+            jr.attr(job, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
+        return True
+
+    def _forget(self, jr: _Journal, mark: int) -> None:
+        """After an attempt of the queue is kept: drop what the memos hold of the nodes it changed. Those are the
+        nodes its journal wrote (GPUs, CPUs, memory or jobs there; a node a job left among them), and every node
+        of a job it changed: its own, those it shrank (their slope and guarantee read their whole placement), and
+        every job on a node it wrote (one it took CPUs from changes no attribute of its own)."""
+        self._orders = {}
+        scans = self._scans
+        if not scans:
+            return
+        jobs, on_node = self.jobs, self.on_node
+        stale: set[str] = set()
+        changed: set[str] = set()
+        for d, key, _ in jr.ops[mark:]:
+            if d.__class__ is _Job:  # one of a job's attributes; the dicts written are keyed by node
+                changed.add(d.id)
+            else:
+                stale.add(key)
+        for node in stale:
+            changed.update(on_node.get(node, ()))
+        for vid in changed:
+            stale.update(jobs[vid].g_on)
+        for node in stale:
+            scans.pop(node, None)
+
+    def _repeat_key(self, job: _Job) -> tuple | None:
+        """For a job holding nothing, in the round's queue: what its attempt reads of the job itself, with the
+        count of attempts kept so far this round. A failed attempt is undone whole, so a job with the same key
+        (another of the same kind and request, waiting after it) finds the same state and fails the same way:
+        it is answered from `_failed`, the search not run again. None for a job that holds GPUs (its own
+        placement is part of what its attempt reads)."""
+        if job.g_on:
+            return None
+        inp = job.inp
+        return (self._kept, id(inp.kind), job.cpg, job.ref, job.want_g, job.min_g, job.min_c, job.privileged,
+                id(job.request), inp.priority, inp.requested_gpus, inp.requested_cpus, inp.requested_mem_gb)
+
+    def _undo(self, jr: _Journal, touched: list[_Job] = (), mark: int = 0) -> None:
+        free_g = self.free_g
+        written = [key for d, key, _ in jr.ops[mark:] if d is free_g]
+        if written:
+            self._free_changed(written)
+        if self._room_of is not None:  # the journal's dicts are keyed by node; a job's own attribute counts on its nodes
+            for d, key, _ in jr.ops[mark:]:
+                self._room_stale.update(d.g_on if d.__class__ is _Job else (key,))
+        jr.undo(mark)
+        for t in touched:
+            self._reindex(t)
+
+    def _settle(self, jr: _Journal, job: _Job) -> bool:
+        """GetBestPlan for the placement found, give back what the plan does not use, then CPUs
+        and memory (AllocMem). False when no plan fits or the guarantee is not met."""
+        cpg = self._cpg_of(job) if job.c_on else job.cpg
+        best = self._first_best(job, tuple(job.g_on.values()), max(cpg, job.cpg))
+        if best is None:
+            return False
+        self._trim(jr, job, best.placement)
+        if not self._alloc_cpus(jr, job):
+            return False
+        best = self.book.best(job.inp.kind, best.placement, self._cpg_of(job))
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return False
+        if best.plan is None:
+            return False
+        if not self._alloc_mem(jr, job, best):
+            return False
+        jr.attr(job, "best", best)
+        return True
+
+    def _may_gather(self, job: _Job, floor: tuple[float, float]) -> bool:
+        """Whether an attempt's search may find a GPU for the job: one free, or one it may take from a job below
+        `floor` (any, under its minimum). When it may not, every node would be passed over."""
+        return job.g < job.min_g or self._any_free() or self._beats(job, floor)
+
+    def _settled(self, job: _Job, old: Best | None, chosen: Best | None = None) -> bool:
+        """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing) would give back
+        nothing, find its CPUs as they are and the memory its plan needs, and end on a plan no faster than `old`
+        (its best as the attempt began): the restart rule (`_worth_it`) would then refuse the change, and the
+        attempt be undone whole. Read without writing anything; each check is `_settle`'s own, in its order, and a
+        case it does not answer for sure (a trim, CPUs to take, reclaim or give back) is left to `_settle` itself.
+        `chosen`: the best plan `_settle` found first, already guarded, where it looked at a larger allocation and
+        gives back all the GPUs it took (`_settles_back`)."""
+        if old is None or old.throughput <= 0 or not job.c_on:
+            return False
+        g_on, c_on = job.g_on, job.c_on
+        cpg = self._cpg_of(job)
+        place = tuple(g_on.values())
+        best = chosen if chosen is not None else self._first_best(job, place, max(cpg, job.cpg))
+        if best is None:
+            return False
+        if best.placement != canonical(place):
+            return False  # a plan on fewer GPUs: `_trim` would give some back
+        want, floor = self._cpu_want(job)
+        if want < floor:
+            return False
+        for node, g in g_on.items():
+            if c_on.get(node, 0) != g * want:
+                return False
+        best = self.book.best(job.inp.kind, best.placement, cpg)
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return False
+        if best.plan is None or best.throughput > old.throughput * (1 + 1e-9):
+            return False
+        per_node, asked = self._mem_want(job, best)
+        free_m, mem_on, per_gpu = self.free_m, job.mem_on, self.mem_per_gpu_gb
+        for node, g in g_on.items():
+            if free_m[node] + mem_on.get(node, 0.0) < max(per_node + per_gpu * g, asked * g) - 1e-9:
+                return False
+        return True
+
+    def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float], target: int) -> dict[str, int] | None:
+        """The free GPUs an attempt's search over `order` would take (node -> GPUs), read without writing anything,
+        where it takes only free GPUs and looks at no job to shrink on the way: at each node it reaches, nobody else
+        is there, no job anywhere is below the job (`floor`), or none there is (`_none_below`), with the job's slope
+        at the GPUs it would hold by then. None where the search would look for a job to shrink, or go on past the
+        free nodes to the nodes of jobs it may shrink."""
+        free_g, on_node, me = self.free_g, self.on_node, job.id
+        up_tab, want, g = job.up_tab, job.want_g, job.g
+        taken: dict[str, int] = {}
+        for node in order.head():
+            if target - g <= 0:
+                return taken
+            take = min(free_g[node], target - g)
+            if take > 0:
+                taken[node] = take
+                g += take
+            others = on_node[node]
+            if not others or (len(others) == 1 and me in others):
+                continue
+            limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]  # `_Job.up` at the GPUs it would hold
+            if self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit):
+                return None
+        return None if order.end and target - g > 0 else taken
+
+    def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
+        """Whether `_settle`, after the search took the free GPUs `taken`, would give them all back (the best plan
+        within the larger allocation is on what the job holds, and `_trim` keeps exactly that), then find the job's
+        CPUs and memory as they are and a plan no faster than `old`: the restart rule refuses the change and the
+        attempt is undone whole (`_settled` answers the rest, read the same way)."""
+        g_on = dict(job.g_on)
+        for node, take in taken.items():
+            g_on[node] = g_on.get(node, 0) + take
+        c_on, low = job.c_on, None  # `_cpg_of` over the larger allocation (no CPUs yet on the nodes taken)
+        for node, g in g_on.items():
+            r = c_on.get(node, 0) // g
+            if low is None or r < low:
+                low = r
+        cpg = (job.cpg if low is None else (low if low > 1 else 1)) if c_on else job.cpg
+        best = self._first_best(job, tuple(g_on.values()), max(cpg, job.cpg))
+        if best is None:
+            return False
+        kept: dict[str, int] = {}  # `_trim`: the i-th node by GPUs keeps the i-th of the plan's placement
+        for i, node in enumerate(sorted(g_on, key=lambda n: (-g_on[n], n))):
+            keep = best.placement[i] if i < len(best.placement) else 0
+            g = g_on[node] if g_on[node] <= keep else keep
+            if g > 0:
+                kept[node] = g
+        return kept == job.g_on and self._settled(job, old, best)
+
+    def _first_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
+        """`_settle`'s first look at an allocation: the best plan on it or on a trim of it, guarded for a guarantee;
+        None where no plan fits or the guarantee is not met."""
+        best = self._best_on(job, placement, cpus_per_gpu)
+        if best.plan is None:
+            return None
+        if job.privileged:
+            best = self._guarded(job, best, placement)
+            if not self._meets(job, best):
+                return None
+        return best
+
+    def _best_on(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best:
+        """The best plan for an allocation: on it or on what is left after giving back GPUs on its
+        smallest nodes; with fixed resources (the job gets exactly its request) on all of it."""
+        if self.fixed_resources:
+            return self.book.best(job.inp.kind, placement, cpus_per_gpu)
+        return self.book.best_within(job.inp.kind, placement, cpus_per_gpu)
+
+    def _trim(self, jr: _Journal, job: _Job, placement: tuple[int, ...]) -> None:
+        nodes = sorted(job.g_on, key=lambda n: (-job.g_on[n], n))
+        for i, node in enumerate(nodes):
+            keep = placement[i] if i < len(placement) else 0
+            extra = job.g_on[node] - keep
+            if extra > 0:
+                self._mark_rooms(job.g_on)  # its GPUs over its minimum count on each of its nodes
+                jr.set(self.free_g, node, self.free_g[node] + extra)
+                self._free_changed((node,))
+                jr.attr(job, "g", job.g - extra)
+                jr.set(job.g_on, node, keep if keep > 0 else None)
+                if keep <= 0:
+                    jr.set(self.free_c, node, self.free_c[node] + job.c_on.get(node, 0))
+                    jr.set(job.c_on, node, None)
+                    jr.set(self.on_node, node, self.on_node[node] - {job.id})
+                    if node in job.mem_on:
+                        jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+                        jr.set(job.mem_on, node, None)
+
+    def _alloc_cpus(self, jr: _Journal, job: _Job) -> bool:
+        """CPUs per GPU: the fewest reaching the top of the job's CPU curve (at least its minimum),
+        from free CPUs first, then from jobs on the node whose CPU slope is lower."""
+        want, floor = self._cpu_want(job)
+        for node in sorted(job.g_on):
+            target = job.g_on[node] * want
+            have = job.c_on.get(node, 0)
+            if have > target:
+                jr.set(self.free_c, node, self.free_c[node] + have - target)
+                jr.set(job.c_on, node, target)
+                continue
+            take = min(self.free_c[node], target - have)
+            if take > 0:
+                jr.set(self.free_c, node, self.free_c[node] - take)
+                jr.set(job.c_on, node, have + take)
+            short = target - job.c_on.get(node, 0)
+            if short > 0:
+                self._reclaim_cpus(jr, node, job, short)
+            if job.c_on.get(node, 0) < job.g_on[node] * floor:
+                return False
+        return True
+
+    def _cpu_want(self, job: _Job) -> tuple[int, int]:
+        """(CPUs per GPU `_alloc_cpus` gives the job on its GPUs now, the fewest it may run on)."""
+        kind, place = job.inp.kind, canonical(tuple(job.g_on.values()))
+        top = self.book.memo(kind, ("cpu-knee", place), lambda: knee(self.book.cpu_curve(kind, place)))
+        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
+        if self.fixed_resources:
+            want = max(want, job.cpg)
+        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
+        return want, floor
+
+    def _reclaim_cpus(self, jr: _Journal, node: str, job: _Job, short: int) -> None:
+        gain_curve = self._cpu_curve(job)
+        for vid in sorted(self.on_node[node]):
+            if short <= 0:
+                return
+            v = self.jobs[vid]
+            if vid == job.id or not v.g_on.get(node):
+                continue
+            spare = v.c_on.get(node, 0) - v.g_on[node] * max(self.min_cpus_per_gpu,
+                                                            -(-v.min_c // max(1, v.g)) if v.min_c else 0)
+            if spare <= 0:
+                continue
+            v_curve = self._cpu_curve(v)
+            loss = slope_down(v_curve, self._cpg_of(v)) if v_curve is not None else 0.0
+            gain = slope_up(gain_curve, self._cpg_of(job), len(gain_curve) - 1) if gain_curve is not None else 0.0
+            if loss + EPS >= gain and job.c_on.get(node, 0) >= job.g_on[node] * self.min_cpus_per_gpu:
+                continue
+            give = min(spare, short)
+            jr.set(v.c_on, node, v.c_on[node] - give)
+            jr.set(job.c_on, node, job.c_on.get(node, 0) + give)
+            short -= give
+            jr.attr(v, "forced", True)  # undone with the attempt, as everything it did
+
+    def _alloc_mem(self, jr: _Journal, job: _Job, best: Best) -> bool:
+        """AllocMem: on each node, the plan's host memory (ZeRO-Offload's optimizer state, split over the
+        nodes) and `mem_per_gpu_gb` per GPU, or the owner's requested memory per GPU held, whichever is more."""
+        per_node, asked = self._mem_want(job, best)
+        for node in sorted(job.g_on):
+            want = max(per_node + self.mem_per_gpu_gb * job.g_on[node], asked * job.g_on[node])
+            have = job.mem_on.get(node, 0.0)
+            if self.free_m[node] + have < want - 1e-9:
+                return False
+            jr.set(self.free_m, node, self.free_m[node] + have - want)
+            jr.set(job.mem_on, node, want)
+        for node in [n for n in job.mem_on if n not in job.g_on]:
+            jr.set(self.free_m, node, self.free_m[node] + job.mem_on[node])
+            jr.set(job.mem_on, node, None)
+        return True
+
+    def _mem_want(self, job: _Job, best: Best) -> tuple[float, float]:
+        """(The plan's host memory per node, the owner's requested memory per GPU) that `_alloc_mem` gives."""
+        kind = job.inp.kind
+        need = self.book.oracle.host_mem_gb(kind.model, kind.global_batch, best.placement,
+                                            best.plan) if best.plan.offload else 0.0
+        return need / max(1, len(job.g_on)), job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
+
+    def _too_short(self, job: _Job) -> bool:
+        """Whether a running job at its minimum or over has less work left at its current speed than one restart:
+        whatever its attempt gathered, the time saved (`_worth_it`) would be less than that, so the restart rule would
+        refuse the change and the attempt be undone whole. Its search is not run once the round is already to be run
+        again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone.
+        The job is answered `held`, the restart rule; a search that gathered GPUs on which no plan settles answered
+        `no-fit` (or `no-gpus`) instead, a case no trace here showed."""
+        old, inp = job.best, job.inp
+        if not inp.running or job.g < max(1, job.min_g) or old is None or not old.throughput > 0:
+            return False
+        return inp.remaining_iters * (inp.kind.global_batch / old.throughput) <= self.restart_cost_s
+
+    def _worth_it(self, job: _Job, old: Best | None, victims: dict[str, _Job]) -> bool:
+        """The restart rule for a running job's own change."""
+        if old is None or old.throughput <= 0 or job.best is None:
+            return True
+        if job.best.throughput <= old.throughput * (1 + 1e-9):
+            return False
+        gbs = job.inp.kind.global_batch
+        saved = job.inp.remaining_iters * (gbs / old.throughput - gbs / job.best.throughput)
+        restarts = 1 + sum(1 for v in victims.values() if v.inp.running)
+        return saved > self.restart_cost_s * restarts
