@@ -121,11 +121,13 @@ class ClusterState:
 
     def _node_figures(self) -> tuple:
         """What every submission and round reads of the live nodes as a whole, worked out once per set of live
-        nodes: (their GPUs, CPUs and memory together, the most GPUs of one node (0: none live), their names)."""
-        if self._figures is None or self._alive is None:
+        nodes: (their GPUs, CPUs and memory together, the most GPUs of one node (0: none live), their names, the
+        fewest CPUs per GPU of a node with GPUs (None: none has any))."""
+        if self._figures is None:  # `_nodes_changed` drops it with the live nodes
             nodes = self.alive_nodes()
             self._figures = (sum(n.gpus for n in nodes), sum(n.cpus for n in nodes), sum(n.mem_gb for n in nodes),
-                             max((n.gpus for n in nodes), default=0), frozenset(n.node for n in nodes))
+                             max((n.gpus for n in nodes), default=0), frozenset(n.node for n in nodes),
+                             min((n.cpus // n.gpus for n in nodes if n.gpus), default=None))
         return self._figures
 
     def totals(self) -> tuple[int, int, float]:
@@ -139,6 +141,10 @@ class ClusterState:
     def alive_names(self) -> frozenset[str]:
         """The names of the live nodes."""
         return self._node_figures()[4]
+
+    def least_cpus_per_gpu(self) -> int | None:
+        """The fewest CPUs per GPU of a live node with GPUs (None: none has any)."""
+        return self._node_figures()[5]
 
     def jobs_in(self, *statuses: str) -> list[JobState]:
         """The jobs in any of `statuses`, by id."""

@@ -112,8 +112,6 @@ class PolicyCore:
     """job -> (its decided allocation, node -> (GPUs, CPUs), node -> memory): `JobIn.current` and `current_mem`,
     rebuilt only when a decision replaces the allocation"""
     _runs: dict = field(default_factory=dict, repr=False)
-    _least_cpg: tuple | None = field(default=None, repr=False)
-    """(the state's live nodes, the fewest CPUs per GPU of one of them (None: none has GPUs)), for `_cannot_run`"""
     _made: dict = field(default_factory=dict, repr=False)
     """job -> ((reason, GPUs, needs, detail), the `Pending` made of them, the outcome they came from) in the last
     round"""
@@ -312,11 +310,8 @@ class PolicyCore:
         book = self.engine.book
         # whether any plan at all runs it: a policy with a narrower plan space falls back to the request
         kind = JobKind(model, job.global_batch_size, ALL_FAMILIES, support=self._support(job))
-        nodes = self.state.alive_nodes()
-        least = self._least_cpg
-        if least is None or least[0] is not nodes:  # worked out again once the live nodes change
-            least = self._least_cpg = (nodes, min((n.cpus // max(1, n.gpus) for n in nodes if n.gpus), default=None))
-        cpg = min(max(1, book.max_cpus_per_gpu if least[1] is None else least[1]), book.max_cpus_per_gpu)
+        least = self.state.least_cpus_per_gpu()
+        cpg = min(max(1, book.max_cpus_per_gpu if least is None else least), book.max_cpus_per_gpu)
         key = (job.model_type, job.global_batch_size, cpg, book.max_gpus, self._support(job))
         runs = self._runs.get(key)  # memory alone decides it, not the fitted speeds: once per kind
         if runs is None:

@@ -67,23 +67,24 @@ def test_the_live_nodes_follow_every_node_event():
         return ev("node.registered", NodeRegistered(node=name, gpus=gpus, gpu_mem_gb=80.0, cpus=cpus, mem_gb=512.0), t)
 
     def seen(state):
-        return ([n.node for n in state.alive_nodes()], state.totals(), state.widest(), sorted(state.alive_names()))
+        return ([n.node for n in state.alive_nodes()], state.totals(), state.widest(), sorted(state.alive_names()),
+                state.least_cpus_per_gpu())
 
     state = fold([reg("b", 8, 1.0), reg("a", 4, 2.0)], known_models=["gpt2"])
-    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"])
+    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"], 8)
     fold([ev("node.lost", NodeLost(node="b", reason="gone"), 3.0)], state)
-    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"])
+    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"], 16)
     fold([ev("node.heartbeat", NodeHeartbeat(node="a", jobs=()), 4.0)], state)  # alive already: the same nodes
-    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"])
+    assert seen(state) == (["a"], (4, 64, 512.0), 4, ["a"], 16)
     fold([ev("node.heartbeat", NodeHeartbeat(node="b", jobs=()), 5.0)], state)  # back
-    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"])
+    assert seen(state) == (["a", "b"], (12, 128, 1024.0), 8, ["a", "b"], 8)
     fold([reg("b", 2, 6.0, cpus=16)], state)  # registered again with fewer GPUs and CPUs
     assert [(n.node, n.gpus) for n in state.alive_nodes()] == [("a", 4), ("b", 2)]
-    assert seen(state)[1:] == ((6, 80, 1024.0), 4, ["a", "b"])
+    assert seen(state)[1:] == ((6, 80, 1024.0), 4, ["a", "b"], 8)
     fold([reg("c", 8, 7.0)], state)
-    assert seen(state) == (["a", "b", "c"], (14, 144, 1536.0), 8, ["a", "b", "c"])
+    assert seen(state) == (["a", "b", "c"], (14, 144, 1536.0), 8, ["a", "b", "c"], 8)
     fold([ev("node.lost", NodeLost(node=n, reason="gone"), 8.0) for n in "abc"], state)
-    assert seen(state) == ([], (0, 0, 0), 0, [])
+    assert seen(state) == ([], (0, 0, 0), 0, [], None)
 
 
 def test_the_open_jobs_are_those_jobs_in_lists_in_the_order_first_seen():
