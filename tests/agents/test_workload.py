@@ -67,24 +67,29 @@ async def test_own_training_code_runs_reconfigures_and_resumes(js_bus, tmp_path)
     assert run["micro_batch_size"] == 4 and run["plan"]["offload"] is True
 
 
-@pytest.mark.parametrize("workload, reason", [
-    ({"command": ()}, "has none"),
-    ({"checkpoint": CheckpointVolume(pvc="team-ckpt")}, "cannot mount PVC team-ckpt"),
-    ({"command": ("/nonexistent/bin/train",)}, "exited with code"),
-])
-async def test_workloads_the_local_launcher_cannot_run_fail_the_job_and_free_the_node(js_bus, tmp_path, workload,
-                                                                                       reason):
+BAD = [  # (job, what the local launcher cannot run, what job.failed says)
+    ("bad-none", {"command": ()}, "has none"),
+    ("bad-pvc", {"checkpoint": CheckpointVolume(pvc="team-ckpt")}, "cannot mount PVC team-ckpt"),
+    ("bad-exit", {"command": ("/nonexistent/bin/train",)}, "exited with code"),
+]
+
+
+async def test_workloads_the_local_launcher_cannot_run_fail_the_job_and_free_the_node(js_bus, tmp_path):
+    """Each is decided on the same two devices as the one before failed on them: each fails with its reason, and
+    the devices are free again after every failure (the next job gets them and runs)."""
     watch = await Watcher().start(js_bus)
     agent = start_agent(js_bus.nc.connected_url.geturl(), tmp_path / "agent")
     try:
-        await publish(js_bus, "job.submitted", hf_job("bad", None, **workload))
+        for job_id, workload, _ in BAD:
+            await publish(js_bus, "job.submitted", hf_job(job_id, None, **workload))
         await publish(js_bus, "job.submitted", job("good", target=5))
-        await decide(js_bus, decision("bad", DP2_Z2, gpus=2, cpus=1))
-        (failed,) = await watch.until(lambda: watch.of("job.failed", "bad"), 120, "job.failed")
-        assert reason in failed.payload.reason or reason in failed.payload.log_tail, failed.payload
-        # the devices are free again: another job gets them and runs
-        await decide(js_bus, decision("good", DP2_Z2, gpus=2, cpus=1), round=2)
+        for round_no, (job_id, _, reason) in enumerate(BAD, start=1):
+            await decide(js_bus, decision(job_id, DP2_Z2, gpus=2, cpus=1), round=round_no)
+            (failed,) = await watch.until(lambda: watch.of("job.failed", job_id), 120, f"job.failed of {job_id}")
+            assert reason in failed.payload.reason or reason in failed.payload.log_tail, failed.payload
+        await decide(js_bus, decision("good", DP2_Z2, gpus=2, cpus=1), round=len(BAD) + 1)
         await watch.until(lambda: watch.of("job.completed", "good"), 180, "the next job completes")
+        assert not watch.of("job.failed", "good")
     finally:
         stop_agent(agent)
         kill_jobs(tmp_path / "agent")

@@ -26,6 +26,10 @@ OUTAGE_ENV = "RUBICK_FAULT_OUTAGE_S"
 DEFAULT_OUTAGE_S = 60.0
 JOB = "gpt2-long"
 PROBE = "gpt2-probe"
+PROBE_ITERATIONS = 100
+OUTLAST = 2.0
+"""The long job trains this many times the outage (and 10 s) at the probe's rate: it is still training when the server
+is back, and the outage is not cut short unless the machine trains twice as fast as it did for the probe."""
 GBS = 64
 """The jobs' global batch size: large enough that a minute's iterations fit the reporter's buffer."""
 
@@ -76,12 +80,13 @@ async def run_outage(tmp: Path, outage_s: float, target: int = 0) -> OutageOutco
     outcome = OutageOutcome("nats unreachable")
     await d.start()
     try:
-        # a first job tells how fast this machine trains: the long one must outlast the outage
-        await d.publish(submission(PROBE, 300))
+        # a first job tells how fast this machine trains (from its first iteration to its last): the long one must
+        # outlast the outage
+        await d.publish(submission(PROBE, PROBE_ITERATIONS))
         if not await completed(d, PROBE, timeout=300):
             raise AssertionError(f"{PROBE} did not complete")
         rate = completed_rate(d.agent_state, PROBE)
-        outcome.target = target = target or int(rate * 2.5 * (outage_s + 10))
+        outcome.target = target = target or int(rate * OUTLAST * (outage_s + 10))
         outcome.notes.append(f"{PROBE} trained {rate:.1f} iterations/s: {JOB} gets {target} iterations")
         await d.publish(submission(JOB, target))
         await training_rate(d.agent_state, JOB)
