@@ -42,7 +42,7 @@ def test_three_plan_changes_through_tp_pp_end_with_the_uninterrupted_loss(tmp_pa
         assert st["started_iteration"] == (STEPS[attempt - 2][2] if attempt > 1 else 0)
         assert st["iteration"] == until and st["state"] == ("completed" if until == N else "checkpointed")
     changed = st
-    # another seed, on one process: the plan changes only the order of the sums, ~1e-7, where the seed moves the loss ~2e-3
+    # another seed, on one process: a plan changes only the order of the sums (~1e-7), a seed the loss (~2e-3)
     other_seed = run(tmp_path / "seed", {**COMMON, "plan": {"dp": 1}, "seed": 1}, nproc=1)
 
     base = straight["eval_loss"]
