@@ -231,38 +231,46 @@ class _Search:
         `floor` (any, under its minimum). When it may not, every node would be passed over."""
         return job.g < job.min_g or self._any_free() or self._beats(job, floor)
 
-    def _settled(self, job: _Job, old: Best | None, chosen: Best | None = None) -> bool:
-        """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing) would give back
-        nothing, find its CPUs as they are and the memory its plan needs, and end on a plan no faster than `old`
-        (its best as the attempt began): the restart rule (`_worth_it`) would then refuse the change, and the
-        attempt be undone whole. Read without writing anything; each check is `_settle`'s own, in its order, and a
-        case it does not answer for sure (a trim, CPUs to take, reclaim or give back) is left to `_settle` itself.
-        `chosen`: the best plan `_settle` found first, already guarded, where it looked at a larger allocation and
-        gives back all the GPUs it took (`_settles_back`)."""
+    def _settled(self, job: _Job, old: Best | None, chosen: Best | None = None,
+                 g_on: dict[str, int] | None = None) -> bool:
+        """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing), or on `g_on` (what
+        `_trim` keeps of a larger allocation, `_settles_back`), would give back nothing more, find the CPUs its plan
+        wants on every node (those it holds there, and free ones) and the memory it needs, and end with at least its
+        minimum of GPUs on a plan whose gain over `old` (its best as the attempt began) does not pay one restart:
+        the restart rule (`_worth_it`, with nothing shrunk) would then refuse the change, and the attempt be undone
+        whole. Read without writing anything; each check is `_settle`'s own, in its order, and a case it does not
+        answer for sure (a trim, CPUs to take from another job) is left to `_settle` itself. `chosen`: the best plan
+        `_settle` found first, already guarded, where it looked at a larger allocation (`_settles_back`)."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
-        g_on, c_on = job.g_on, job.c_on
-        cpg = self._cpg_of(job)
+        c_on = job.c_on
+        if g_on is None:
+            g_on, cpg = job.g_on, self._cpg_of(job)
         place = tuple(g_on.values())
         best = chosen if chosen is not None else self._first_best(job, place, max(cpg, job.cpg))
         if best is None:
             return False
         if best.placement != canonical(place):
             return False  # a plan on fewer GPUs: `_trim` would give some back
-        want, floor = self._cpu_want(job)
+        gpus = sum(place)
+        if gpus < job.min_g:
+            return False  # under its minimum the restart rule is not asked: the change is kept
+        want, floor = self._cpu_want(job, best.placement, gpus)
         if want < floor:
             return False
-        for node, g in g_on.items():
-            if c_on.get(node, 0) != g * want:
-                return False
-        best = self.book.best(job.inp.kind, best.placement, cpg)
+        free_c = self.free_c
+        for node, g in g_on.items():  # `_alloc_cpus`: what it holds there down to its want, else free CPUs up to it
+            have = c_on.get(node, 0)
+            if have < g * want and have + free_c[node] < g * want:
+                return False  # CPUs to take from another job
+        best = self.book.best(job.inp.kind, best.placement, want if want > 1 else 1)
         if job.privileged:
             best = self._guarded(job, best)
             if not self._meets(job, best):
                 return False
-        if best.plan is None or best.throughput > old.throughput * (1 + 1e-9):
+        if best.plan is None or (best.throughput > old.throughput * (1 + 1e-9) and self._pays(job, old, best, 1)):
             return False
-        per_node, asked = self._mem_want(job, best)
+        per_node, asked = self._mem_want(job, best, len(g_on))
         free_m, mem_on, per_gpu = self.free_m, job.mem_on, self.mem_per_gpu_gb
         for node, g in g_on.items():
             if free_m[node] + mem_on.get(node, 0.0) < max(per_node + per_gpu * g, asked * g) - 1e-9:
@@ -294,10 +302,11 @@ class _Search:
         return None if order.end and target - g > 0 else taken
 
     def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
-        """Whether `_settle`, after the search took the free GPUs `taken`, would give them all back (the best plan
-        within the larger allocation is on what the job holds, and `_trim` keeps exactly that), then find the job's
-        CPUs and memory as they are and a plan no faster than `old`: the restart rule refuses the change and the
-        attempt is undone whole (`_settled` answers the rest, read the same way)."""
+        """Whether `_settle`, after the search took the free GPUs `taken`, would end in the restart rule refusing the
+        change: the best plan within the larger allocation, on what `_trim` keeps of it, finds CPUs and memory there,
+        and its gain over `old` does not pay a restart; the attempt is then undone whole (`_settled` answers, read
+        the same way). What `_trim` keeps may be on nodes the job did not hold (it breaks ties between nodes of as
+        many GPUs by name), and on more GPUs than it holds."""
         g_on = dict(job.g_on)
         for node, take in taken.items():
             g_on[node] = g_on.get(node, 0) + take
@@ -316,7 +325,7 @@ class _Search:
             g = g_on[node] if g_on[node] <= keep else keep
             if g > 0:
                 kept[node] = g
-        return kept == job.g_on and self._settled(job, old, best)
+        return self._settled(job, old, best, kept)
 
     def _first_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
         """`_settle`'s first look at an allocation: the best plan on it or on a trim of it, guarded for a guarantee;
@@ -378,14 +387,17 @@ class _Search:
                 return False
         return True
 
-    def _cpu_want(self, job: _Job) -> tuple[int, int]:
-        """(CPUs per GPU `_alloc_cpus` gives the job on its GPUs now, the fewest it may run on)."""
-        kind, place = job.inp.kind, canonical(tuple(job.g_on.values()))
+    def _cpu_want(self, job: _Job, place: tuple[int, ...] | None = None, gpus: int | None = None) -> tuple[int, int]:
+        """(CPUs per GPU `_alloc_cpus` gives the job on its GPUs now, the fewest it may run on); or on `gpus` GPUs
+        placed as `place` (canonical), where it would hold those."""
+        kind = job.inp.kind
+        if place is None:
+            place, gpus = canonical(tuple(job.g_on.values())), job.g
         top = self.book.memo(kind, ("cpu-knee", place), lambda: knee(self.book.cpu_curve(kind, place)))
-        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, job.g) if job.min_c else 0)
+        want = max(top, self.min_cpus_per_gpu, job.min_c // max(1, gpus) if job.min_c else 0)
         if self.fixed_resources:
             want = max(want, job.cpg)
-        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, job.g)) if job.min_c else 0)
+        floor = max(self.min_cpus_per_gpu, -(-job.min_c // max(1, gpus)) if job.min_c else 0)
         return want, floor
 
     def _reclaim_cpus(self, jr: _Journal, node: str, job: _Job, short: int) -> None:
@@ -427,12 +439,14 @@ class _Search:
             jr.set(job.mem_on, node, None)
         return True
 
-    def _mem_want(self, job: _Job, best: Best) -> tuple[float, float]:
-        """(The plan's host memory per node, the owner's requested memory per GPU) that `_alloc_mem` gives."""
+    def _mem_want(self, job: _Job, best: Best, nodes: int | None = None) -> tuple[float, float]:
+        """(The plan's host memory per node, the owner's requested memory per GPU) that `_alloc_mem` gives, on the
+        job's nodes or on `nodes` of them."""
         kind = job.inp.kind
         need = self.book.oracle.host_mem_gb(kind.model, kind.global_batch, best.placement,
                                             best.plan) if best.plan.offload else 0.0
-        return need / max(1, len(job.g_on)), job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
+        per_node = need / max(1, len(job.g_on) if nodes is None else nodes)
+        return per_node, job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
 
     def _too_short(self, job: _Job) -> bool:
         """Whether a running job at its minimum or over has less work left at its current speed than one restart:
@@ -452,7 +466,11 @@ class _Search:
             return True
         if job.best.throughput <= old.throughput * (1 + 1e-9):
             return False
+        return self._pays(job, old, job.best, 1 + sum(1 for v in victims.values() if v.inp.running))
+
+    def _pays(self, job: _Job, old: Best, new: Best, restarts: int) -> bool:
+        """Whether the time a running job saves over its remaining iterations, going from `old` to the faster `new`,
+        exceeds the cost of `restarts` restarts."""
         gbs = job.inp.kind.global_batch
-        saved = job.inp.remaining_iters * (gbs / old.throughput - gbs / job.best.throughput)
-        restarts = 1 + sum(1 for v in victims.values() if v.inp.running)
+        saved = job.inp.remaining_iters * (gbs / old.throughput - gbs / new.throughput)
         return saved > self.restart_cost_s * restarts
