@@ -279,10 +279,13 @@ class _Search:
 
     def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float], target: int) -> dict[str, int] | None:
         """The free GPUs an attempt's search over `order` would take (node -> GPUs), read without writing anything,
-        where it takes only free GPUs and looks at no job to shrink on the way: at each node it reaches, nobody else
-        is there, no job anywhere is below the job (`floor`), or none there is (`_none_below`), with the job's slope
-        at the GPUs it would hold by then. None where the search would look for a job to shrink, or go on past the
-        free nodes to the nodes of jobs it may shrink."""
+        where it takes only free GPUs and shrinks no job on the way: at each node it reaches, nobody else is there,
+        no job anywhere is below the job (`floor`), none there is (`_none_below`), with the job's slope at the GPUs
+        it would hold by then, or the search's own look there (`_lowest_slope_over_min`) finds none it may shrink.
+        That look passes over held jobs as the search does, setting `held_back` and `_skipped_held` where it would;
+        the search, run after all, sets them at the same node, and a set `_skipped_held` leaves out of later nodes
+        only held jobs it would pass over (`_none_below`). None where the search would shrink a job, or go on past
+        the free nodes to the nodes of jobs it may shrink."""
         free_g, on_node, me = self.free_g, self.on_node, job.id
         up_tab, want, g = job.up_tab, job.want_g, job.g
         taken: dict[str, int] = {}
@@ -297,7 +300,8 @@ class _Search:
             if not others or (len(others) == 1 and me in others):
                 continue
             limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]  # `_Job.up` at the GPUs it would hold
-            if self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit):
+            if (self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit)
+                    and self._lowest_slope_over_min(node, job, limit) is not None):
                 return None
         return None if order.end and target - g > 0 else taken
 

@@ -370,17 +370,22 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
     breaks ties between nodes by name: `moved`) and end on a plan no faster, or a little faster (`faster`: jobs with
     a few thousand iterations left, whose gain does not pay a restart). The events published are those of a core that
     runs every search. With 20 GB a node, some plans' host memory does not fit where the job runs. `shows`: what each
-    case must show at least once (`not`: an attempt `_settles_back` leaves to the search)."""
+    case must show at least once (`not`: an attempt `_settles_back` leaves to the search). Every case passes over
+    nodes where only held jobs are below the growing one (`passed`): the reading sets the flags the search sets."""
     real_takes, real_back = engine_mod.RubickEngine._takes_free_only, engine_mod.RubickEngine._settles_back
-    seen = {"back": 0, "not": 0, "none": 0, "moved": 0, "faster": 0}
+    seen = {"back": 0, "not": 0, "none": 0, "moved": 0, "faster": 0, "passed": 0}
 
     def takes(self, job, order, floor, target):
+        flags = (self.held_back, self._skipped_held)
         taken = real_takes(self, job, order, floor, target)
         if taken is None:
             seen["none"] += 1
             return None
-        # the search itself on the same nodes: the same GPUs, from no other job, and no held job passed over
-        start, held_back, g_on = dict(job.g_on), self.held_back, dict(job.g_on)
+        # the search itself on the same nodes, from the flags as they were: the same GPUs, from no other job, and
+        # the held jobs it passes over setting the flags the reading set
+        read = (self.held_back, self._skipped_held)
+        self.held_back, self._skipped_held = flags
+        start, g_on = dict(job.g_on), dict(job.g_on)
         jr, victims = records._Journal(), {}
         for node in self._visits(job, order, victims):
             if target - job.g <= 0:
@@ -391,10 +396,14 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
             others = self.on_node[node]
             if not others or (len(others) == 1 and job.id in others):
                 continue
-            assert job.g >= job.min_g and (not self._beats(job, floor) or self._none_below(node, job, victims))
+            assert job.g >= job.min_g
+            if not self._beats(job, floor) or self._none_below(node, job, victims):
+                continue
+            assert self._lowest_slope_over_min(node, job, job.up()) is None  # only held jobs below it here
+            seen["passed"] += 1
         for node, take in taken.items():
             g_on[node] = g_on.get(node, 0) + take
-        assert job.g_on == g_on and self.held_back == held_back
+        assert job.g_on == g_on and (self.held_back, self._skipped_held) == read
         self._undo(jr, [job])
         assert job.g_on == start
         return taken
@@ -419,7 +428,7 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
     monkeypatch.setattr(engine_mod.RubickEngine, "_settles_back", back)
     # room to spare: jobs grow onto free GPUs
     shortcut, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
-    assert seen["back"] > 3 and seen["none"] > 5 and seen[shows] > 0, seen
+    assert seen["back"] > 3 and seen["none"] > 5 and seen["passed"] > 0 and seen[shows] > 0, seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", lambda self, job, order, floor, target: None)
     searched_each_time, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
