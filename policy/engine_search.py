@@ -284,12 +284,12 @@ class _Search:
         it would hold by then, or the search's own look there (`_lowest_slope_over_min`) finds none it may shrink.
         That look passes over held jobs as the search does, setting `held_back` and `_skipped_held` where it would;
         the search, run after all, sets them at the same node, and a set `_skipped_held` leaves out of later nodes
-        only held jobs it would pass over (`_none_below`). None where the search would shrink a job, or go on past
-        the free nodes to the nodes of jobs it may shrink."""
+        only held jobs it would pass over (`_none_below`). Where the free GPUs fall short, the nodes of the jobs it may
+        shrink (the tail) are read the same way (`_walk`). None where the search would shrink a job."""
         free_g, on_node, me = self.free_g, self.on_node, job.id
         up_tab, want, g = job.up_tab, job.want_g, job.g
         taken: dict[str, int] = {}
-        for node in order.head():
+        for node in self._walk(order, target - g, taken):
             if target - g <= 0:
                 return taken
             take = min(free_g[node], target - g)
@@ -303,7 +303,19 @@ class _Search:
             if (self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit)
                     and self._lowest_slope_over_min(node, job, limit) is not None):
                 return None
-        return None if order.end and target - g > 0 else taken
+        return taken
+
+    def _walk(self, order: _Order, short: int, taken: dict[str, int]):
+        """`_takes_free_only`'s nodes: the head of `order`, then, where the free GPUs (`taken`) fall `short`, every
+        node of its tail (worked out as `_visits` works it out, from the state the attempt began in: nothing is
+        written). A tail node has no free GPU; `_visits` leaves out some on which the search would find no job to
+        shrink, and the reading finds none there either."""
+        yield from order.head()
+        if not order.end or sum(taken.values()) >= short:
+            return
+        if order.tail is None:
+            order.tail, order.tidx = self._shrinkable(order.end, order.seen())
+        yield from order.tail
 
     def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
         """Whether `_settle`, after the search took the free GPUs `taken`, would end in the restart rule refusing the

@@ -235,7 +235,8 @@ def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
     # few CPUs: ZeRO-Offload jobs take them from others; short holds: few held jobs, whose nodes a search that passed
     # over one passes without reading (`_none_below`), so the searches read many nodes into the memo
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12, hold_s=10.0)
-    assert seen["checked"] > 100 and seen["dropped"] > 10
+    # (growths that shrink no job are read without their search, `_takes_free_only`: about a hundred nodes a drive)
+    assert seen["checked"] > 50 and seen["dropped"] > 10, seen
 
 
 @pytest.mark.parametrize("seed", [1, 3])
@@ -371,9 +372,10 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
     a few thousand iterations left, whose gain does not pay a restart). The events published are those of a core that
     runs every search. With 20 GB a node, some plans' host memory does not fit where the job runs. `shows`: what each
     case must show at least once (`not`: an attempt `_settles_back` leaves to the search). Every case passes over
-    nodes where only held jobs are below the growing one (`passed`): the reading sets the flags the search sets."""
+    nodes where only held jobs are below the growing one (`passed`): the reading sets the flags the search sets; and
+    every case reads on past the free nodes, to the nodes of the jobs the growing one may shrink (`tail`)."""
     real_takes, real_back = engine_mod.RubickEngine._takes_free_only, engine_mod.RubickEngine._settles_back
-    seen = {"back": 0, "not": 0, "none": 0, "moved": 0, "faster": 0, "passed": 0}
+    seen = {"back": 0, "not": 0, "none": 0, "moved": 0, "faster": 0, "passed": 0, "tail": 0}
 
     def takes(self, job, order, floor, target):
         flags = (self.held_back, self._skipped_held)
@@ -383,6 +385,7 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
             return None
         # the search itself on the same nodes, from the flags as they were: the same GPUs, from no other job, and
         # the held jobs it passes over setting the flags the reading set
+        seen["tail"] += order.end and sum(taken.values()) < target - job.g  # the reading went on to the tail
         read = (self.held_back, self._skipped_held)
         self.held_back, self._skipped_held = flags
         start, g_on = dict(job.g_on), dict(job.g_on)
@@ -428,7 +431,7 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
     monkeypatch.setattr(engine_mod.RubickEngine, "_settles_back", back)
     # room to spare: jobs grow onto free GPUs
     shortcut, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
-    assert seen["back"] > 3 and seen["none"] > 5 and seen["passed"] > 0 and seen[shows] > 0, seen
+    assert seen["back"] > 3 and seen["none"] > 5 and seen["passed"] > 0 and seen["tail"] > 0 and seen[shows] > 0, seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", lambda self, job, order, floor, target: None)
     searched_each_time, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
