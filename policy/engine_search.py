@@ -5,6 +5,7 @@ or undone; the restart rule decides whether a running job's own change is worth 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
@@ -240,14 +241,15 @@ class _Search:
         the restart rule (`_worth_it`, with nothing shrunk) would then refuse the change, and the attempt be undone
         whole. Read without writing anything; each check is `_settle`'s own, in its order, and a case it does not
         answer for sure (a trim, CPUs to take from another job) is left to `_settle` itself. `chosen`: the best plan
-        `_settle` found first, already guarded, where it looked at a larger allocation (`_settles_back`)."""
+        `_settle` found first, already guarded, where it looked at a larger allocation (`_settles_back`, which gives
+        `g_on` with it)."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
         c_on = job.c_on
         if g_on is None:
-            g_on, cpg = job.g_on, self._cpg_of(job)
+            g_on = job.g_on
         place = tuple(g_on.values())
-        best = chosen if chosen is not None else self._first_best(job, place, max(cpg, job.cpg))
+        best = chosen if chosen is not None else self._first_best(job, place, max(self._cpg_of(job), job.cpg))
         if best is None:
             return False
         if best.placement != canonical(place):
@@ -289,13 +291,13 @@ class _Search:
         free_g, on_node, me = self.free_g, self.on_node, job.id
         up_tab, want, g = job.up_tab, job.want_g, job.g
         taken: dict[str, int] = {}
-        for node in self._walk(order, target - g, taken):
-            if target - g <= 0:
-                return taken
+        for node in self._walk(order):
             take = min(free_g[node], target - g)
             if take > 0:
                 taken[node] = take
                 g += take
+                if target - g <= 0:
+                    return taken  # the search stops here: it looks for no job to shrink, and visits no other node
             others = on_node[node]
             if not others or (len(others) == 1 and me in others):
                 continue
@@ -305,13 +307,13 @@ class _Search:
                 return None
         return taken
 
-    def _walk(self, order: _Order, short: int, taken: dict[str, int]):
-        """`_takes_free_only`'s nodes: the head of `order`, then, where the free GPUs (`taken`) fall `short`, every
-        node of its tail (worked out as `_visits` works it out, from the state the attempt began in: nothing is
-        written). A tail node has no free GPU; `_visits` leaves out some on which the search would find no job to
-        shrink, and the reading finds none there either."""
+    def _walk(self, order: _Order) -> Iterator[str]:
+        """`_takes_free_only`'s nodes: the head of `order`, then every node of its tail, worked out (as `_visits`
+        works it out, from the state the attempt began in: nothing is written) only when the reading gets there. A
+        tail node has no free GPU; `_visits` leaves out some on which the search would find no job to shrink, and the
+        reading finds none there either."""
         yield from order.head()
-        if not order.end or sum(taken.values()) >= short:
+        if not order.end:
             return
         if order.tail is None:
             order.tail, order.tidx = self._shrinkable(order.end, order.seen())

@@ -400,8 +400,8 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
             if not others or (len(others) == 1 and job.id in others):
                 continue
             assert job.g >= job.min_g
-            if not self._beats(job, floor) or self._none_below(node, job, victims):
-                continue
+            if target - job.g <= 0 or not self._beats(job, floor) or self._none_below(node, job, victims):
+                continue  # (the search looks for a job to shrink only while it wants more)
             assert self._lowest_slope_over_min(node, job, job.up()) is None  # only held jobs below it here
             seen["passed"] += 1
         for node, take in taken.items():
