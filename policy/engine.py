@@ -240,10 +240,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
                         fell_asleep.append(record)
                     continue
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
-        to_make.sort(key=lambda a: a[:3])
+        to_make.sort()  # ids are unique: no comparison reaches the input
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
-        self.held = {inp.job_id for *_, inp, _ in to_make  # a sleeper runs on nothing: none is held
-                     if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
+        if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
+            self.held = {inp.job_id for *_, inp, _ in to_make
+                         if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
+        else:  # the same hold for every job
+            self.held = {inp.job_id for *_, inp, _ in to_make if inp.running and inp.current and inp.changed_s < hold}
         unplain = list(self._unplain.values())
         """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
         for *_, inp, record in to_make:
@@ -561,11 +564,23 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         return curve
 
     def _tables(self, job: _Job) -> None:
+        """The job's slope tables up to its want and down to its minimum (the book's memo, at its kind's model version).
+        A record keeps those it asked for at its version, CPUs per GPU and reference (`tables_memo`): a guaranteed job
+        outside its quota asks for two pairs a round, the same round after round."""
+        version, cpg, ref, want_g, min_g = job.version, job.cpg, job.ref, job.want_g, job.min_g
+        memo = job.tables_memo
+        if version is not None and memo is not None and memo[0] is version and memo[1] == cpg and memo[2] == ref:
+            hit = memo[3].get((want_g, min_g))
+            if hit is not None:
+                job.up_tab, job.down_tab = hit
+                return
         kind = job.inp.kind
-        job.up_tab = self.book.memo(kind, ("up", job.cpg, job.ref, job.want_g),
-                                    lambda: up_table(job.curve, job.want_g).tolist())
-        job.down_tab = self.book.memo(kind, ("down", job.cpg, job.ref, job.min_g),
-                                      lambda: down_table(job.curve, job.min_g).tolist())
+        job.up_tab = self.book.memo(kind, ("up", cpg, ref, want_g), lambda: up_table(job.curve, want_g).tolist())
+        job.down_tab = self.book.memo(kind, ("down", cpg, ref, min_g), lambda: down_table(job.curve, min_g).tolist())
+        if version is not None:
+            if memo is None or memo[0] is not version or memo[1] != cpg or memo[2] != ref or len(memo[3]) >= 4:
+                memo = job.tables_memo = (version, cpg, ref, {})
+            memo[3][(want_g, min_g)] = (job.up_tab, job.down_tab)
 
     def _place_current(self) -> None:
         nodes, free_g, free_c, free_m, on_node = self.nodes, self.free_g, self.free_c, self.free_m, self.on_node

@@ -33,7 +33,10 @@ class _Guarantees:
             if not job.inp.guaranteed or (job.g and job.id not in retry):
                 continue
             if self._quota_left(job, used) < job.min_g:
-                job.detail = {"quota": "exceeded" if self._quota(job) else "none"}
+                said, detail = "exceeded" if self._quota(job) else "none", job.quota_detail
+                if detail is None or detail["quota"] != said:  # a detail is replaced, never changed: kept while the same
+                    detail = job.quota_detail = {"quota": said}
+                job.detail = detail
                 self._best_effort(job)
                 continue
             job.privileged = True

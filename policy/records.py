@@ -158,6 +158,12 @@ class _Job:
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
+    tables_memo: tuple | None = None
+    """(`version`, CPUs per GPU, reference, {(want, minimum): (`up_tab`, `down_tab`)}) of what `RubickEngine._tables`
+    worked out for the record: a guaranteed job outside its quota asks for the same two a round, round after round"""
+    quota_detail: dict[str, str] | None = None
+    """the detail the record was last given for running outside its quota (`_Guarantees._privileged`): given again
+    while it says the same, so its outcome may be the last round's object"""
     touched: bool = False
     """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
     it holds what it was placed on, and `placed` says what that is"""
