@@ -124,7 +124,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
-             "stale": 0, "carried": 0}
+             "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -140,6 +140,20 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     def attempt(self, job, jr=None, only=None):
         calls["attempts"] += 1
         return real_attempt(self, job, jr, only)
+
+    real_tables = engine_mod.RubickEngine._tables
+    real_priv = engine_mod.RubickEngine._privileged
+
+    def tables(self, job):
+        memo = job.tables_memo
+        calls["tables"] += (memo is not None and memo[0] is job.version and memo[1] == job.cpg and memo[2] == job.ref
+                            and (job.want_g, job.min_g) in memo[3])  # taken from the record's memo
+        return real_tables(self, job)
+
+    def privileged(self):
+        before = {j.id: j.quota_detail for j in self._awake}
+        real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
+        calls["quota_kept"] += sum(1 for j in self._awake if before[j.id] is not None and j.detail is before[j.id])
 
     real_changed = engine_mod.RubickEngine.schedule_changed
 
@@ -178,6 +192,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_list_sleepers", listed)
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempt)
     monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", changed)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_tables", tables)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_privileged", privileged)
     with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
@@ -192,6 +208,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_asleep", lambda self, job: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "waiting_clock", True)  # every input brought forward
     monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", None)  # every job's outcome, every round
+    monkeypatch.setattr(engine_mod.RubickEngine, "_tables",  # every slope table from the book
+                        lambda self, job: (setattr(job, "tables_memo", None), real_tables(self, job))[1])
     calls["candidates"] = calls["orders"] = calls["attempts"] = 0
     without, _ = drive(seed, owners=True)
 
@@ -206,6 +224,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["stale"] > 10  # the keys of sleepers awake again or gone were left in the list, passed over
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
     assert calls["left_out"] > 100  # and gave no outcome for them: the service kept their last ones
+    assert calls["tables"] > 100  # records took their slope tables from their own memo
+    assert calls["quota_kept"] > 10  # and guaranteed jobs outside their quota the detail they were last given
     assert with_memos == without
 
 
@@ -1057,3 +1077,32 @@ def test_a_record_carried_over_that_no_longer_fits_is_made_again(monkeypatch):
             assert (sorted(facts(o) for o in engine.schedule(layout, jobs))
                     == sorted(facts(o) for o in fresh.schedule(layout, jobs)))
     assert counts["carried"] > 200 and counts["again"] > 20, counts
+
+
+def test_a_records_slope_tables_are_those_of_what_it_asks_now():
+    """`_tables` answers from the record's memo only what it would work out: the tables of the job's curve up to its
+    want and down to its minimum as they are now, at its model's version (a refit, another want or minimum, or
+    another reference asks the book again)."""
+    from policy.curves import down_table, up_table
+
+    _, core = drive(1, steps=6)
+    engine = core.engine
+    records = [j for j in engine.jobs.values() if j.version is not None and len(j.curve) > 3][:12]
+    assert records
+    answered = 0
+    for job in records:
+        for want, least in [(job.want_g, job.min_g), (1, 0), (len(job.curve) - 1, 0), (2, 1), (job.want_g, job.min_g)]:
+            job.want_g, job.min_g = want, least
+            kept = job.tables_memo is not None and job.tables_memo[0] is job.version and (want, least) in job.tables_memo[3]
+            engine._tables(job)
+            answered += kept
+            assert job.up_tab == up_table(job.curve, want).tolist()
+            assert job.down_tab == down_table(job.curve, least).tolist()
+        job.ref *= 2  # another reference: its curve is another (as `_prepare` gives it), and so are its tables
+        job.curve = job.curve / 2
+        engine._tables(job)
+        assert job.up_tab == up_table(job.curve, job.want_g).tolist()
+        job.version = ("refit",) + job.version  # a refit: a new key object, the memo is not read
+        engine._tables(job)
+        assert job.tables_memo[0] is job.version
+    assert answered >= len(records)  # the repeated asks were answered from the memo
