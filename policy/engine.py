@@ -225,8 +225,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             candidates = ((job_id, jobs[job_id]) for job_id in sorted(ids) if job_id in jobs)
         for job_id, inp in candidates:  # the sleepers first (nothing reads their order); the rest sorted below
             record = last_round.get(job_id)
-            if record is not None and record.inp is inp and (
-                    (job_id in prior and record.woke != now - 1) or self._asleep(record)):
+            if record is not None and record.inp is inp and (  # a job on an allocation is never asleep
+                    (job_id in prior and record.woke != now - 1) or (not inp.current and self._asleep(record))):
                 kind = inp.kind  # asleep through the last round and not tried: nothing touched it
                 version = versions.get(id(kind))
                 if version is None:

@@ -69,7 +69,8 @@ class _Outcomes:
                            self._pending(job, 0, "no-fit"))
         plan = best.plan
         cur = job.inp.current_plan
-        if cur is not None and not job.forced and job.inp.running and plan != cur and self._same_alloc(job):
+        if (cur is not None and plan is not cur and not job.forced and job.inp.running and plan != cur
+                and self._same_alloc(job)):
             # the current plan on the whole allocation (the best plan may leave GPUs unused): asked of the oracle once
             # per model version, placement and CPUs (a job kept on its plan asks the same every round)
             place = canonical(gpus)
