@@ -186,7 +186,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._awake: list[_Job] = []
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
         versions: dict[int, tuple] = {}
-        """id of a kind -> its memo key (`PlanBook._key`), for this round"""
+        """id of a kind -> its memo key (`PlanBook._key`), for this round (its jobs keep their kinds alive)"""
+        self._versions = versions
         fell_asleep: list[_Job] = []
         to_make = []
         whole = touched is None or not getattr(self, "_ended", False) or type(jobs) is not dict
@@ -493,7 +494,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         garbage collector to walk)."""
         guaranteed = inp.guaranteed and not self.fixed_resources
         kind = inp.kind
-        version = self.book._key(kind)  # the kind's memo key at its model's version: the same object until a refit
+        version = self._versions.get(id(kind))  # the kind's memo key at its model's version: the same object until a
+        if version is None:  # refit, which comes between rounds (asked of the book once per kind a round)
+            version = self._versions[id(kind)] = self.book._key(kind)
         margins = self._margins_key(kind) if guaranteed else None
         held = prepared.get(inp.job_id) if prepared is not None else None
         if (held is not None and held[1] is version and record is not None and record.inp is inp and not inp.guaranteed
