@@ -274,11 +274,12 @@ class _NodeIndex:
         other, and where one is, the jobs are indexed one by one, as `_reindex` would."""
         gathered, unordered = [], False
         for job in self._awake:
-            if job.carried:  # as the last round began: the same key
+            if job.carried:  # as the last round began: the same key, on the same nodes
                 key = job.index_key
             elif job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                     job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
                 key = job.index_key = (job.inp.priority, job.down(), -job.inp.order, job.id)
+                job.index_nodes = tuple(job.g_on)
             else:
                 job.index_key = None
                 continue
@@ -295,7 +296,7 @@ class _NodeIndex:
         for job, key in gathered:
             keys.append(key)
             dkey[job.id] = key
-            nodes = dnodes[job.id] = tuple(job.g_on)
+            nodes = dnodes[job.id] = job.index_nodes
             listed.update(nodes)
             if job.id in held:
                 for n in nodes:
@@ -306,15 +307,26 @@ class _NodeIndex:
                     unheld_keys.setdefault(n, []).append(key)
         keys.sort()
         self.by_down = keys
-        nidx, lo_p, lo_s, un_p, un_s = self._nidx, self._lo_p, self._lo_s, self._un_p, self._un_s
-        for n in listed:
+        nidx = self._nidx
+        at, low_p, low_s, un_at, un_low_p, un_low_s = [], [], [], [], [], []
+        for n in listed:  # each node's lowest gathered, then written into the arrays at once
             i, ks = nidx[n], node_keys[n]
             ks.sort()
-            lo_p[i], lo_s[i] = ks[0][0], ks[0][1]
+            first = ks[0]
+            at.append(i)
+            low_p.append(first[0])
+            low_s.append(first[1])
             ks = unheld_keys.get(n)
             if ks:
                 ks.sort()
-                un_p[i], un_s[i] = ks[0][0], ks[0][1]
+                first = ks[0]
+                un_at.append(i)
+                un_low_p.append(first[0])
+                un_low_s.append(first[1])
+        if at:
+            self._lo_p[at], self._lo_s[at] = low_p, low_s
+        if un_at:
+            self._un_p[un_at], self._un_s[un_at] = un_low_p, un_low_s
 
     def _reindex(self, job: _Job) -> None:
         if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index

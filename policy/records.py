@@ -173,6 +173,8 @@ class _Job:
     index_key: tuple | None = None
     """its key in the slope index as the round began (None: not listed), from `_index_all`: a record carried over
     has the key it had"""
+    index_nodes: tuple[str, ...] = ()
+    """the nodes `index_key` is listed under (its GPUs' nodes, in its allocation's order), kept with it"""
     whole: bool = False
     """whether `_place_current` placed it on every part of its current allocation as asked, nothing cut"""
     current_rows: tuple | None = None
