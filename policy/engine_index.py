@@ -307,26 +307,15 @@ class _NodeIndex:
                     unheld_keys.setdefault(n, []).append(key)
         keys.sort()
         self.by_down = keys
-        nidx = self._nidx
-        at, low_p, low_s, un_at, un_low_p, un_low_s = [], [], [], [], [], []
-        for n in listed:  # each node's lowest gathered, then written into the arrays at once
+        nidx, lo_p, lo_s, un_p, un_s = self._nidx, self._lo_p, self._lo_s, self._un_p, self._un_s
+        for n in listed:
             i, ks = nidx[n], node_keys[n]
             ks.sort()
-            first = ks[0]
-            at.append(i)
-            low_p.append(first[0])
-            low_s.append(first[1])
+            lo_p[i], lo_s[i] = ks[0][0], ks[0][1]
             ks = unheld_keys.get(n)
             if ks:
                 ks.sort()
-                first = ks[0]
-                un_at.append(i)
-                un_low_p.append(first[0])
-                un_low_s.append(first[1])
-        if at:
-            self._lo_p[at], self._lo_s[at] = low_p, low_s
-        if un_at:
-            self._un_p[un_at], self._un_s[un_at] = un_low_p, un_low_s
+                un_p[i], un_s[i] = ks[0][0], ks[0][1]
 
     def _reindex(self, job: _Job) -> None:
         if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index
