@@ -670,9 +670,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         guarantee placed."""
         keyed = []
         for j in self._awake:
+            if j.carried and not j.touched:  # placed as the last round left it, nothing written since: the same key
+                keyed.append(j.queue_key)
+                continue
             if j.privileged and j.g and j.reason == "guarantee":
                 continue
             cpu = self._cpu_slope_up(j) if j.g else 0.0
-            keyed.append((-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, 0, j))
+            key = j.queue_key = (-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, 0, j)
+            keyed.append(key)
         keyed.sort()  # ids are unique: no comparison reaches the job itself
         return keyed

@@ -173,6 +173,9 @@ class _Job:
     index_key: tuple | None = None
     """its key in the slope index as the round began (None: not listed), from `_index_all`: a record carried over
     has the key it had"""
+    queue_key: tuple | None = None
+    """its key in the round's queue as `_sort_by_slope` last made it: a record carried over and not touched since
+    has the key it had (its priority, GPUs, slope tables and placement are the same)"""
     index_nodes: tuple[str, ...] = ()
     """the nodes `index_key` is listed under (its GPUs' nodes, in its allocation's order), kept with it"""
     whole: bool = False

@@ -124,7 +124,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
-             "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0}
+             "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -154,6 +154,12 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
         before = {j.id: j.quota_detail for j in self._awake}
         real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
         calls["quota_kept"] += sum(1 for j in self._awake if before[j.id] is not None and j.detail is before[j.id])
+
+    real_sort = engine_mod.RubickEngine._sort_by_slope
+
+    def sort(self):
+        calls["keys_kept"] += sum(1 for j in self._awake if j.carried and not j.touched)  # queue keys kept
+        return real_sort(self)
 
     real_changed = engine_mod.RubickEngine.schedule_changed
 
@@ -194,6 +200,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", changed)
     monkeypatch.setattr(engine_mod.RubickEngine, "_tables", tables)
     monkeypatch.setattr(engine_mod.RubickEngine, "_privileged", privileged)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_sort_by_slope", sort)
     with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
@@ -226,6 +233,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["left_out"] > 100  # and gave no outcome for them: the service kept their last ones
     assert calls["tables"] > 100  # records took their slope tables from their own memo
     assert calls["quota_kept"] > 10  # and guaranteed jobs outside their quota the detail they were last given
+    assert calls["keys_kept"] > 100  # and carried records their keys in the queue
     assert with_memos == without
 
 
