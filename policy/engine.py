@@ -185,9 +185,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         """sleepers tried this round (`_wake`)"""
         self._awake: list[_Job] = []
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
-        versions: dict[int, tuple] = {}
-        """id of a kind -> its memo key (`PlanBook._key`), for this round (its jobs keep their kinds alive)"""
-        self._versions = versions
+        self._versions: dict[int, tuple] = {}
+        """id of a kind -> its memo key (`PlanBook._key`), for this round (`_version`)"""
         fell_asleep: list[_Job] = []
         to_make = []
         whole = touched is None or not getattr(self, "_ended", False) or type(jobs) is not dict
@@ -213,7 +212,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             for job in getattr(self, "_woken_last", ()):
                 ids.add(job.id)
             for kid, (kind, version, members) in list(self._sleep_kinds.items()):
-                if self.book._key(kind) is not version:  # refitted: its sleepers are made again
+                if self._version(kind) is not version:  # refitted: its sleepers are made again
                     ids.update(members)
                     del self._sleep_kinds[kid]
             prior = {job_id for job_id in ids if job_id in was}
@@ -229,9 +228,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             if record is not None and record.inp is inp and (  # a job on an allocation is never asleep
                     (job_id in prior and record.woke != now - 1) or (not inp.current and self._asleep(record))):
                 kind = inp.kind  # asleep through the last round and not tried: nothing touched it
-                version = versions.get(id(kind))
-                if version is None:
-                    version = versions[id(kind)] = self.book._key(kind)
+                version = self._version(kind)
                 held = prepared.get(job_id)
                 if held is not None and held[1] is version:  # no refit of its model since it was made
                     self.jobs[job_id] = record  # what `_prepare` would make of it again: kept as it is
@@ -393,6 +390,15 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
                 sum(n.gpus for n in nodes))
         return held
 
+    def _version(self, kind: JobKind) -> tuple:
+        """The kind's memo key at its model's version (`PlanBook._key`): the same object until a refit, which comes
+        only between rounds, so it is asked of the book once per kind a round (the round's jobs keep their kinds
+        alive, and with them the ids it is kept by)."""
+        version = self._versions.get(id(kind))
+        if version is None:
+            version = self._versions[id(kind)] = self.book._key(kind)
+        return version
+
     def _backoff(self, inp: JobIn) -> float:
         """How many times the hold a job is held: 2^(n-1) for n changes within `hold_backoff_s`."""
         if self.hold_backoff_s <= 0 or inp.recent_changes <= 1:
@@ -494,9 +500,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         garbage collector to walk)."""
         guaranteed = inp.guaranteed and not self.fixed_resources
         kind = inp.kind
-        version = self._versions.get(id(kind))  # the kind's memo key at its model's version: the same object until a
-        if version is None:  # refit, which comes between rounds (asked of the book once per kind a round)
-            version = self._versions[id(kind)] = self.book._key(kind)
+        version = self._version(kind)
         margins = self._margins_key(kind) if guaranteed else None
         held = prepared.get(inp.job_id) if prepared is not None else None
         if (held is not None and held[1] is version and record is not None and record.inp is inp and not inp.guaranteed
