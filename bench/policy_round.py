@@ -10,6 +10,13 @@ starts (`job.started`), a running job given others restarts (`job.reconfigured`)
 stops (`job.preempted`); `changed/round` is how many decisions a round publishes. The oracle is
 the fitted performance model, as in a live cluster.
 
+Each size is run twice. `median`/`p99`: the events between rounds are handed to the core as a
+deployed one takes them (`PolicyCore.fold`: `handle` without the round each would run), so a round
+makes again only the inputs of the jobs they touched. `whole`: the same events folded into the
+core's state behind its back, so that every round looks at every input again (what a core that
+kept nothing between rounds would cost); `same` says whether both runs published the same
+`plan.decided` bytes.
+
 The policy core has handled a `clock.tick` (60 s) before the first round, as every deployed one has
 (`rubick up`, the chart and the simulator publish them): a job a decision changed less than the hold
 ago keeps its allocation against best-effort reasons (`RubickEngine.hold_s`), and the rounds, one
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import random
 import statistics
 import sys
@@ -35,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from controlplane.gc_tuning import tune  # noqa: E402
 from controlplane.events import (JobCompleted, JobPreempted, JobReconfigured, JobStarted,  # noqa: E402
-                                 JobSubmitted, ModelRef, NodeRegistered, Plan, Resources, make)
+                                 JobSubmitted, ModelRef, NodeRegistered, Plan, Resources, encode, make)
 from modeler.service import make_core  # noqa: E402
 from policy.oracle import from_modeler  # noqa: E402
 from policy.registry import POLICIES, make_policy  # noqa: E402
@@ -56,7 +64,9 @@ def trace_jobs(models) -> list[tuple[str, int, int, Plan]]:
             for r in rows]
 
 
-def build(policy: str, nodes: int, jobs: int, seed: int, modeler):
+def build(policy: str, nodes: int, jobs: int, seed: int, modeler, through_core: bool = True):
+    """The core, a function submitting one job at a time, and the random source. `through_core`: the submissions
+    after the first round are handed to the core (`PolicyCore.fold`); else folded into its state behind its back."""
     oracle, models = from_modeler(modeler)
     quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}  # half the cluster guaranteed, split over 4 tenants
     core = make_policy(policy, oracle=oracle, models=models, quotas=quotas)
@@ -78,8 +88,11 @@ def build(policy: str, nodes: int, jobs: int, seed: int, modeler):
                            model=ModelRef(type=model), global_batch_size=spec.global_batch_size, plan=plan,
                            resources=Resources(gpus=gpus, cpus=cpus), target_iterations=1000)
         ev = make("job.submitted", sub, time=time_s, id=f"b-sub-{jid}", source="bench")
-        core.state.apply(ev)
-        core.order[jid] = len(core.order)
+        if through_core and time_s > 0:
+            core.fold(ev)
+        else:
+            core.state.apply(ev)
+            core.order[jid] = len(core.order)
         return jid
 
     for _ in range(jobs):
@@ -87,9 +100,10 @@ def build(policy: str, nodes: int, jobs: int, seed: int, modeler):
     return core, submit, rng
 
 
-def agents(core, decided: list, t: float) -> None:
+def agents(core, decided: list, t: float, through_core: bool = True) -> None:
     """What the node agents answer to a round: a job given resources starts, a running job given
     others restarts under them, a running job given none stops (as in a live cluster)."""
+    feed = core.fold if through_core else core.state.apply
     for ev in decided:
         if ev.base != "plan.decided":
             continue  # plan.pending: why jobs wait, nothing for the agents to do
@@ -107,12 +121,12 @@ def agents(core, decided: list, t: float) -> None:
                            time=t, id=f"b-stop-{d.job_id}-{ev.id}", source="bench")
             else:
                 continue
-            core.state.apply(out)
+            feed(out)
 
 
 def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, reasons: bool = True,
-        ticks: bool = True) -> dict:
-    core, submit, rng = build(policy, nodes, jobs, seed, modeler)
+        ticks: bool = True, through_core: bool = True) -> dict:
+    core, submit, rng = build(policy, nodes, jobs, seed, modeler, through_core)
     core.reasons = core.engine.reasons = reasons
     if ticks:  # the period it announces is what holds are counted against (nothing is dirty: no round runs)
         assert not core.handle(make("clock.tick", _tick(0), time=0.0, id="b-tick-start", source="bench"))
@@ -120,7 +134,11 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, rea
     t0 = time.perf_counter()
     decided = core.run_round(tick)
     first = time.perf_counter() - t0
-    agents(core, decided, 1.0)
+    published = hashlib.sha256()
+    for ev in decided:
+        if ev.base == "plan.decided":
+            published.update(encode(ev))
+    agents(core, decided, 1.0, through_core)
     changed = []
     times = []
     for r in range(1, rounds + 1):
@@ -129,20 +147,27 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, rea
         victim = rng.choice(running)
         done = make("job.completed", JobCompleted(job_id=victim.job_id, iterations=1000), time=1.0 + r,
                     id=f"b-done-{r}", source="bench")
-        core.state.apply(done)
-        core.last.pop(victim.job_id, None)
+        if through_core:
+            core.fold(done)
+        else:
+            core.state.apply(done)
+            core.last.pop(victim.job_id, None)
         submit(1.0 + r)
         tick = make("clock.tick", _tick(r), time=1.0 + r, id=f"b-tick-{r}", source="bench")
         t0 = time.perf_counter()
         decided = core.run_round(tick)
         times.append(time.perf_counter() - t0)
         changed.append(sum(len(ev.payload.decisions) for ev in decided if ev.base == "plan.decided"))
-        agents(core, decided, 1.0 + r)
+        for ev in decided:
+            if ev.base == "plan.decided":
+                published.update(encode(ev))
+        agents(core, decided, 1.0 + r, through_core)
     times.sort()
     placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
     return {"policy": policy, "gpus": nodes * 8, "jobs": jobs, "first_s": first, "median_s": statistics.median(times),
             "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed,
-            "evaluations": core.engine.book.evaluations, "changed": statistics.median(changed)}
+            "evaluations": core.engine.book.evaluations, "changed": statistics.median(changed),
+            "decided_sha": published.hexdigest()}
 
 
 def overhead(args, modeler) -> int:
@@ -188,16 +213,18 @@ def main(argv=None) -> int:
         return overhead(args, modeler)
     print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size; "
           + ("clock ticks every 60 s (holds on)" if args.ticks else "no clock tick seen (no job held)"))
-    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'placed':>7} {'changed/round':>14} "
-          f"{'plans evaluated':>16}")
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'whole':>10} {'same':>5} "
+          f"{'placed':>7} {'changed/round':>14} {'plans evaluated':>16}")
     rows = []
     for item in args.sizes.split(","):
         gpus, jobs = (int(x) for x in item.split(":"))
         rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
         r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks)
+        w = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks, through_core=False)
         rows.append(r)
         print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {r['median_s'] * 1e3:>8.2f}ms "
-              f"{r['p99_s'] * 1e3:>8.2f}ms {r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
+              f"{r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms {str(r['decided_sha'] == w['decided_sha']):>5} "
+              f"{r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
     if len(rows) > 1:
         base = rows[0]
         for r in rows[1:]:

@@ -156,6 +156,17 @@ class PolicyCore:
 
     # --- events ---------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Event]:
+        return self._handle(event, True)
+
+    def fold(self, event: Event) -> list[Event]:
+        """`handle` without the round the event would run: everything else it does (the state folded, the job's
+        input marked to be made again, a submission refused or said to wait), and a round marked due, which the
+        next `run_round` or `clock.tick` runs. For a driver that hands over several events and then asks for one
+        round (`bench/policy_round.py`: a completion and a submission, then a round); the round sees them as one
+        that followed their `handle`s would."""
+        return self._handle(event, False)
+
+    def _handle(self, event: Event, rounds: bool) -> list[Event]:
         base = event.base
         if base == "plan.decided" or self.state.refusal(event) is not None:
             return []  # a node's report on a job not placed on it changes nothing (admission answers it)
@@ -209,7 +220,7 @@ class PolicyCore:
                 self.engine.quotas = self.state.quotas()
         if base in ("job.completed", "job.failed"):
             self._drop(event.payload.job_id)
-        if (base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty):
+        if rounds and ((base in ROUND_NOW and not self._may_wait(event)) or (base == "clock.tick" and self.dirty)):
             out.extend(self.run_round(event))
         elif base in DIRTY or base in ROUND_NOW:
             self.dirty = True

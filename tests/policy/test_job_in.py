@@ -216,3 +216,83 @@ def test_a_job_folded_into_the_state_past_the_core_is_handed_to_the_engine():
     answers = core.run_round(c.ev("clock.tick", ClockTick(seq=1, period_s=60.0)))
     assert "b" in core.last and not core.last["b"].shares  # the engine was asked about it
     assert any(p.job_id == "b" for e in answers if e.base == "plan.pending" for p in e.payload.pending)
+
+
+def test_events_folded_without_their_rounds_give_the_round_a_whole_look_would():
+    """`PolicyCore.fold` is `handle` without the round an event would run: a driver hands over a completion, a
+    submission and the agents' answers, then asks for one round (bench/policy_round.py). That round looks only at the
+    inputs those events touched, and must decide what a round that looks at every input again decides: a second core
+    given the same events, which hands its engine every open job's input as `_inputs` makes them (as for an engine
+    that reads the clock fields of waiting jobs) and has it look at every one, round after round."""
+    import random
+
+    from controlplane.events import JobCompleted, JobPreempted, JobReconfigured, encode
+
+    from .helpers import job
+
+    rng = random.Random(3)
+    cores = [core_for("rubick", hold_s=None), core_for("rubick", hold_s=None)]
+    c = Clock()
+    handed = []  # the touched ids each incremental round of the first core was given
+    incremental, whole = cores[0].engine.schedule_changed, cores[1].engine.schedule_changed
+
+    def spy(nodes, jobs, touched=None):
+        handed.append(touched)
+        return incremental(nodes, jobs, touched)
+
+    cores[0].engine.schedule_changed = spy
+    cores[1].engine.schedule_changed = lambda nodes, jobs, touched=None: whole(nodes, jobs, None)
+    cores[1].engine.waiting_clock = True
+    first = [c.ev("clock.tick", ClockTick(seq=0, period_s=60.0))]
+    first += [c.ev("node.registered", node(f"n{i}", gpus=4, cpus=48)) for i in range(3)]
+    for core in cores:
+        for ev in first:
+            core.fold(ev)
+    n = 0
+
+    def submission():
+        nonlocal n
+        n += 1
+        model, gbs = rng.choice([("gpt2", 64), ("bert", 64)])
+        return c.ev("job.submitted", job(f"j{n}", model, gbs, Plan(dp=rng.choice([1, 2])), rng.choice([1, 2, 4]),
+                                         guaranteed=n % 3 == 0, tenant=f"t{n % 2}"), dt=0.0)
+
+    def feed(events):
+        for ev in events:
+            for core in cores:
+                assert not [e for e in core.fold(ev) if e.base == "plan.decided"]  # no round of its own
+
+    feed([submission() for _ in range(8)])
+    assert cores[0].dirty
+    published = [[], []]
+    decided_any = 0
+    for r in range(1, 25):
+        tick = c.ev("clock.tick", ClockTick(seq=r, period_s=60.0), dt=30.0)
+        outs = [core.run_round(tick) for core in cores]
+        for out, mine in zip(outs, published):
+            mine += [encode(e) for e in out if e.base == "plan.decided"]
+        decided = [e for e in outs[0] if e.base == "plan.decided"]
+        decided_any += bool(decided)
+        answers = []
+        for ev in decided:  # what the node agents answer
+            for d in ev.payload.decisions:
+                js = cores[0].state.jobs[d.job_id]
+                if d.allocation and js.status != "running":
+                    answers.append(c.ev("job.started", JobStarted(job_id=d.job_id, allocation=d.allocation,
+                                                                  plan=d.plan), dt=0.0))
+                elif d.allocation:
+                    answers.append(c.ev("job.reconfigured", JobReconfigured(
+                        job_id=d.job_id, allocation=d.allocation, plan=d.plan, restart_cost_s=78.0), dt=0.0))
+                elif js.status == "running":
+                    answers.append(c.ev("job.preempted", JobPreempted(job_id=d.job_id, reason="test",
+                                                                      iterations_done=0), dt=0.0))
+        feed(answers)
+        running = sorted(j.job_id for j in cores[0].state.jobs_in("running"))
+        if running and r % 2:
+            feed([c.ev("job.completed", JobCompleted(job_id=rng.choice(running), iterations=1000), dt=1.0)])
+        feed([submission()])
+    assert published[0] == published[1]
+    assert decided_any >= 5  # the rounds decided things, not only kept them
+    later = handed[1:]
+    assert later and all(t is not None for t in later)  # the first core's rounds were incremental
+    assert sum(len(t) for t in later) < sum(len(cores[0].state.jobs) for _ in later)  # looking at fewer inputs
