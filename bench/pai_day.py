@@ -149,6 +149,8 @@ def main() -> int:
                                                "pai_job_table.csv)")
     args = ap.parse_args()
 
+    from machine import line as machine_line
+    print(machine_line())
     rows, job_rows = generate(args.rows, args.seed)
     jobs = {r["job_name"] for r in rows}
     gpu_jobs = {r["job_name"] for r in rows if r["status"] == "Terminated" and float(r["plan_gpu"]) > 0}
@@ -178,6 +180,7 @@ def main() -> int:
             tail = [x for x in res["text"].splitlines() if x.strip()][-2:]
             for x in tail:
                 print("    " + x[:200])
+    print(machine_line(), "(after)")
     return 0
 
 

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from controlplane.gc_tuning import tune  # noqa: E402
+from machine import line as machine_line  # noqa: E402
 from controlplane.events import (JobCompleted, JobPreempted, JobReconfigured, JobStarted,  # noqa: E402
                                  JobSubmitted, ModelRef, NodeRegistered, Plan, Resources, encode, make)
 from modeler.service import make_core  # noqa: E402
@@ -211,6 +212,7 @@ def main(argv=None) -> int:
     modeler = make_core()
     if args.reasons_overhead:
         return overhead(args, modeler)
+    print(machine_line())
     print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size; "
           + ("clock ticks every 60 s (holds on)" if args.ticks else "no clock tick seen (no job held)"))
     print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'whole':>10} {'same':>5} "
@@ -231,6 +233,7 @@ def main(argv=None) -> int:
             print(f"growth {base['gpus']}->{r['gpus']} GPUs, {base['jobs']}->{r['jobs']} jobs: "
                   f"median x{r['median_s'] / base['median_s']:.1f} "
                   f"(jobs x{r['jobs'] / base['jobs']:.0f}, nodes x{r['gpus'] / base['gpus']:.0f})")
+    print(machine_line(), "(after)")
     return 0
 
 

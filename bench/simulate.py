@@ -83,6 +83,8 @@ def main() -> None:
         warm = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
                 "from replay.config import load_parts, default_cache_dir; load_parts(cache_dir=default_cache_dir())"]
         subprocess.run(warm, check=True)
+        from machine import line as machine_line
+        print(machine_line())
         results = []
         for i in range(args.runs):
             cmd = [sys.executable, __file__, "--one", "--trace", str(args.trace), "--policy", args.policy,
@@ -116,6 +118,7 @@ def main() -> None:
                       f"{statistics.median(r['process_s'] for r in rs):.2f} s), "
                       f"{rs[0]['simulated_s'] / max(v, 1e-9):,.0f}x faster than simulated time, "
                       f"ok={all(r['ok'] for r in rs)}")
+        print(machine_line(), "(after)")
 
 
 if __name__ == "__main__":
