@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import math
 import random
 import statistics
 import sys
@@ -233,8 +234,19 @@ def main(argv=None) -> int:
             print(f"growth {base['gpus']}->{r['gpus']} GPUs, {base['jobs']}->{r['jobs']} jobs: "
                   f"median x{r['median_s'] / base['median_s']:.1f} "
                   f"(jobs x{r['jobs'] / base['jobs']:.0f}, nodes x{r['gpus'] / base['gpus']:.0f})")
+        if len(rows) > 2:
+            xs = [math.log(r["gpus"]) for r in rows]
+            js = [math.log(r["jobs"]) for r in rows]
+            ys = [math.log(r["median_s"]) for r in rows]
+            print(f"exponent of the median round (least squares over {len(rows)} sizes, log-log): "
+                  f"{_slope(xs, ys):.2f} in the GPUs, {_slope(js, ys):.2f} in the jobs")
     print(machine_line(), "(after)")
     return 0
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
 if __name__ == "__main__":
