@@ -162,8 +162,8 @@ class PolicyCore:
         """`handle` without the round the event would run: everything else it does (the state folded, the job's
         input marked to be made again, a submission refused or said to wait), and a round marked due, which the
         next `run_round` or `clock.tick` runs. For a driver that hands over several events and then asks for one
-        round (`bench/policy_round.py`: a completion and a submission, then a round); the round sees them as one
-        that followed their `handle`s would."""
+        round (`bench/policy_round.py`: a completion and a submission, then a round): that round makes again only
+        the inputs of the jobs they touched, as a deployed core's rounds do."""
         return self._handle(event, False)
 
     def _handle(self, event: Event, rounds: bool) -> list[Event]:
