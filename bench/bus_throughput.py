@@ -87,7 +87,7 @@ async def raw_limits(url: str, n: int, replicas: int = 1) -> tuple[float, float,
 
 
 async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk: int = 5000,
-                     replicas: int = 1) -> dict:
+                     replicas: int = 1, server_pids: tuple[int, ...] = ()) -> dict:
     """`url` may list a cluster's servers (comma-separated): the stream and the recorder's lease bucket are
     then made with `replicas` copies before the recorder starts."""
     bus = await JetStreamBus.connect(url, replicas=replicas)
@@ -101,12 +101,16 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
     try:
         items = bench_events(n, "b")
         cpu_before = cpu_seconds(recorder.pid)
+        servers_before = [cpu_seconds(pid) for pid in server_pids]
+        own_before = time.process_time()
         t_first = time.time()
         await publish_all(bus, items, chunk)
         t_published = time.time()
+        own_cpu = time.process_time() - own_before  # the publisher's (this process only publishes meanwhile)
         await bus.close()
         await landed_rows(log_dir, n, landed)
         cpu_after = cpu_seconds(recorder.pid)
+        servers_after = [cpu_seconds(pid) for pid in server_pids]
     finally:  # stopped (and its connection closed) even when the run fails
         recorder.terminate()
         recorder.wait(30)
@@ -116,6 +120,8 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
     lost = n - len(set(ids) & {f"b-{i}" for i in range(n)})
     doubled = len(ids) - len(set(ids))
     t_last = max(landed.when.values())
+    server_cpu = sum(b - a for a, b in zip(servers_before, servers_after) if a is not None and b is not None)
+    recorder_cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else float("nan")
     # latency: when the stream stored each event (its publish) to when its Parquet file landed
     latency = np.concatenate(landed.stored)
     size = landed.size
@@ -130,6 +136,9 @@ async def end_to_end(url: str, log_dir: Path, n: int, roll_seconds: float, chunk
         "doubled": doubled,
         "files": len(landed.when),
         "cpu_us": cpu_us_per_event(cpu_before, cpu_after, n),
+        "publisher_cpu_us": own_cpu / n * 1e6,
+        "server_cpu_us": server_cpu / n * 1e6 if server_pids else float("nan"),
+        "busy_cores": (own_cpu + server_cpu + recorder_cpu) / (t_last - t_first) if server_pids else float("nan"),
     }
 
 
@@ -245,7 +254,8 @@ async def one_run(n: int, roll_seconds: float) -> dict:
         server = NatsServer(Path(tmp) / "nats").start()
         try:
             raw_pub, raw_pub_id, raw_con = await raw_limits(server.url, n)
-            result = await end_to_end(server.url, Path(tmp) / "events", n, roll_seconds)
+            result = await end_to_end(server.url, Path(tmp) / "events", n, roll_seconds,
+                                      server_pids=(server.proc.pid,) if server.proc is not None else ())
         finally:
             server.stop()
         server = NatsServer(Path(tmp) / "nats-drain").start()  # a fresh server and stream
@@ -270,7 +280,8 @@ def main() -> None:
     args = parser.parse_args()
     keys = ["raw_publish_rate", "raw_publish_id_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio",
             "ratio_id", "p50_ms", "p99_ms",
-            "bytes_per_event", "lost", "doubled", "files", "cpu_us", "drain_rate", "drain_ratio", "drain_cpu_us"]
+            "bytes_per_event", "lost", "doubled", "files", "cpu_us", "publisher_cpu_us", "server_cpu_us",
+            "busy_cores", "drain_rate", "drain_ratio", "drain_cpu_us"]
     runs = []
     print(f"{args.n:,} metrics.iteration events per run, {args.runs} runs, recorder roll {args.roll_seconds} s")
     print(" ".join(f"{k[:19]:>19}" for k in keys))
@@ -290,6 +301,10 @@ def main() -> None:
           f"{med['drain_rate']:,.0f} msg/s = {med['drain_ratio']:.2f} x raw publish (lost "
           f"{sum(r['drain_lost'] for r in runs)}, doubled {sum(r['drain_doubled'] for r in runs)}); the recorder's "
           f"CPU per event {med['cpu_us']:.1f} us end to end, {med['drain_cpu_us']:.1f} us draining")
+    print(f"end to end, CPU per event: publisher {med['publisher_cpu_us']:.1f} us, nats-server "
+          f"{med['server_cpu_us']:.1f} us, recorder {med['cpu_us']:.1f} us; together they kept "
+          f"{med['busy_cores']:.2f} cores busy of the {len(os.sched_getaffinity(0))} this process may use (from the "
+          f"first publish to the last event in Parquet)")
 
 
 if __name__ == "__main__":
