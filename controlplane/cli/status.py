@@ -25,13 +25,13 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-async def live_events(url: str, credentials=None) -> list:
+async def live_events(url: str, credentials=None, end_seq: int | None = None) -> list:
     """Every decodable event in the running deployment's stream, in order (what `status` folds and
-    `explain` feeds to a policy core)."""
+    `explain` feeds to a policy core); up to sequence `end_seq` where given."""
     bus = await JetStreamBus.connect(url, name="rubick-status", create_stream=False, credentials=credentials)
     try:
         out = []
-        async for d in bus.read((">",)):
+        async for d in bus.read((">",), end_seq=end_seq):
             try:
                 out.append(decode(d.data, d.subject))
             except Invalid:
@@ -41,9 +41,9 @@ async def live_events(url: str, credentials=None) -> list:
         await bus.close()
 
 
-async def live_state(url: str, credentials=None) -> ClusterState:
+async def live_state(url: str, credentials=None, end_seq: int | None = None) -> ClusterState:
     state = ClusterState(known_models=set(builtin_model_types()))
-    for e in await live_events(url, credentials):
+    for e in await live_events(url, credentials, end_seq):
         state.apply(e)
     return state
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from controlplane.bus.nats import JetStreamBus
-from controlplane.eventlog import events as log_events
+from controlplane.cli.status import live_state
 from controlplane.eventlog import scan
 from controlplane.events import (Event, Invalid, JobSubmitted, MetricsIteration, ModelRef, NodeRegistered, Plan,
                                  Resources, decode, encode, make)
@@ -33,7 +33,7 @@ from controlplane.lease import Lease, bucket_terms, ensure_lease_bucket
 from controlplane.lifetime import die_with_parent
 from controlplane.models import builtin_model_types
 from controlplane.natsserver import NatsServer, free_port
-from controlplane.state import ClusterState, fold
+from controlplane.state import fold
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_TTL = 2.0
@@ -325,14 +325,13 @@ class Deployment:
             self.nats.stop()
 
     async def _live_state(self, last: int, attempts: int = 5):
-        """The fold of the live stream up to sequence `last`, and the subjects of the events stored after it. After a
-        server was killed the JetStream cluster may still be moving a consumer leader when the check starts: a
+        """The fold of the live stream up to sequence `last`. After a server was killed the JetStream cluster may still be moving a consumer leader when the check starts: a
         consumer create that times out is tried again (the check reads; it does not judge how fast the cluster
         recovers)."""
         import nats.errors
         for attempt in range(attempts):
             try:
-                return await _live_upto(self.nats.url, last)
+                return await live_state(self.nats.url, end_seq=last)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 if attempt == attempts - 1:
                     raise
@@ -347,15 +346,15 @@ class Deployment:
         outcome.lost = len(set(self.acked) - set(ids))
         outcome.duplicates = len(seqs) - len(set(seqs)) + len(ids) - len(set(ids))
         outcome.gaps = len(set(range(1, last + 1)) - set(seqs))
-        recorded = log_events(self.log)
-        outcome.notes += [f"{p}: {r}" for p, r in recorded.problems]
         # both folds end at `last`, where the deployment was seen settled: an event stored after it (a service's late
         # answer) may be in the stream and not yet in a file of the log, and is not a difference
-        from_log = fold(_log_upto(self.log, last), known_models=builtin_model_types())
-        live, later = await self._live_state(last)
-        if later:
-            outcome.notes.append(f"{len(later)} event(s) stored after the deployment settled at {last} (not compared): "
-                                 f"{', '.join(later[:10])}")
+        upto, problems = _log_upto(self.log, last)
+        outcome.notes += [f"{p}: {r}" for p, r in problems]
+        from_log = fold(upto, known_models=builtin_model_types())
+        live = await self._live_state(last)
+        later = await self.bus.last_seq() - last
+        if later > 0:
+            outcome.notes.append(f"{later} event(s) stored after the deployment settled at {last} (not compared)")
         outcome.state_equal = from_log == live
         if not outcome.state_equal:
             outcome.notes.append(f"state differs: log folded {from_log.events} events, live {live.events}")
@@ -363,34 +362,16 @@ class Deployment:
         return outcome
 
 
-def _log_upto(log: Path, last: int) -> list[Event]:
-    """The log's decodable events up to sequence `last`, in stream order."""
+def _log_upto(log: Path, last: int) -> tuple[list[Event], list]:
+    """The log's decodable events up to sequence `last`, in stream order, and what reading its files found wrong."""
+    found = scan(log, ["subject", "data"])
     out = []
-    frame = scan(log, ["subject", "data"]).frame.filter(pl.col("seq") <= last).sort("seq")
-    for subject, data in frame.select("subject", "data").iter_rows():
+    for subject, data in found.frame.filter(pl.col("seq") <= last).sort("seq").select("subject", "data").iter_rows():
         try:
             out.append(decode(data, subject))
         except Invalid:
             continue
-    return out
-
-
-async def _live_upto(url: str, last: int):
-    """(the fold of the stream's decodable events up to sequence `last`, the subjects of those stored after it)."""
-    bus = await JetStreamBus.connect(url, name="rubick-check", create_stream=False)
-    try:
-        state, later = ClusterState(known_models=set(builtin_model_types())), []
-        async for d in bus.read((">",)):
-            if d.seq > last:
-                later.append(d.subject)
-                continue
-            try:
-                state.apply(decode(d.data, d.subject))
-            except Invalid:
-                continue
-        return state, later
-    finally:
-        await bus.close()
+    return out, found.problems
 
 
 async def connect(url: str, replicas: int = 1, timeout: float = 60.0) -> JetStreamBus:
