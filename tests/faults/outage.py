@@ -1,10 +1,16 @@
-"""NATS unreachable for a while: a real agent trains a small job (the example trainer on the CPU), the
+"""NATS unreachable for a while: a real agent trains a job (the example trainer on the CPU), the
 nats-server is stopped, kept down for `outage_s`, and started again on the same store and port.
 
+The job is long enough never to end on its own during the test. Once the server is back and the log holds
+every iteration the job made before it came back, its owner cancels it (`job.cancel`): the policy withdraws
+it, the agent stops the training, which checkpoints and exits, and the agent says where it stopped
+(`job.preempted`, reason `cancelled`). That ends the run without waiting out a fixed number of iterations, and
+it sends a decision back down to the agent and an answer up again through the restarted server.
+
 Checked: the agent lived through it and training went on while the server was down (the job's
-status file advanced); the reporter buffered, so every iteration is in the log exactly once afterwards;
-the job completed; and the log passes the matrix's checks (every acknowledged event once, the state
-folded from the log equals the live one, `rubick replay` verifies)."""
+status file advanced); the reporter buffered, so every iteration up to the one the job stopped at is in the
+log exactly once afterwards; the job ended as its owner asked; and the log passes the matrix's checks (every
+acknowledged event once, the state folded from the log equals the live one, `rubick replay` verifies)."""
 
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controlplane.eventlog import events as log_events
-from controlplane.events import JobSubmitted, ModelRef, Plan, Resources, make
+from controlplane.events import JobSubmitted, ModelRef, Plan, Resources, decode, make
+from controlplane.events.payloads import JobControl
 
 from controlplane.lease import DEFAULT_TTL_S
 
@@ -25,13 +32,11 @@ from .harness import Deployment, Outcome
 OUTAGE_ENV = "RUBICK_FAULT_OUTAGE_S"
 DEFAULT_OUTAGE_S = 60.0
 JOB = "gpt2-long"
-PROBE = "gpt2-probe"
-PROBE_ITERATIONS = 100
-OUTLAST = 2.0
-"""The long job trains this many times the outage (and 10 s) at the probe's rate: it is still training when the server
-is back, and the outage is not cut short unless the machine trains twice as fast as it did for the probe."""
+TENANT = "team-a"
+ITERATIONS = 10**6
+"""The job's iterations: far more than it can make while the test runs (it ends when its owner cancels it)."""
 GBS = 64
-"""The jobs' global batch size: large enough that a minute's iterations fit the reporter's buffer."""
+"""The job's global batch size: large enough that a minute's iterations fit the reporter's buffer."""
 
 
 def outage_seconds() -> float:
@@ -47,21 +52,30 @@ class OutageOutcome(Outcome):
     outage_s: float = 0.0
     trained_during: int = 0
     """Iterations the job made while the server was down (from its status file)."""
+    trained_after: int = 0
+    """Iterations the log holds that the job made after the server was back."""
     agent_alive: bool = False
     reported: list[int] = field(default_factory=list)
-    completed: bool = False
-    target: int = 0
+    stopped_at: int = -1
+    """The iterations the job had done when it stopped, as the agent said (`job.preempted`); -1: it did not say."""
+    stop_reason: str = ""
 
     @property
     def survived(self) -> bool:
-        return (super().survived and self.agent_alive and self.trained_during > 0 and self.completed
-                and self.reported == list(range(self.target)))
+        return (super().survived and self.agent_alive and self.trained_during > 0 and self.trained_after > 0
+                and self.stopped_at > 0 and self.stop_reason == "cancelled"
+                and self.reported == list(range(self.stopped_at)))
 
 
 def submission(job_id: str, target: int):
-    job = JobSubmitted(job_id=job_id, tenant="team-a", guaranteed=True, model=ModelRef(type="gpt2"),
+    job = JobSubmitted(job_id=job_id, tenant=TENANT, guaranteed=True, model=ModelRef(type="gpt2"),
                        global_batch_size=GBS, plan=Plan(dp=1), resources=Resources(gpus=1), target_iterations=target)
     return make("job.submitted", job, time=time.time(), id=f"sub-{job_id}", source="test")
+
+
+def cancellation(job_id: str):
+    return make("job.cancel", JobControl(job_id=job_id, tenant=TENANT, reason="the outage test is over"),
+                time=time.time(), id=f"cancel-{job_id}", source="test")
 
 
 def iteration_of(state_dir: Path, job_id: str) -> int:
@@ -71,37 +85,35 @@ def iteration_of(state_dir: Path, job_id: str) -> int:
         return 0
 
 
-async def run_outage(tmp: Path, outage_s: float, target: int = 0) -> OutageOutcome:
-    """Deploy with a real agent, train a job of `target` iterations (0: enough to outlast the outage, at the
-    rate a first short job trained), take NATS away for `outage_s` (less where
-    the job would otherwise end before the server is back: `outage_s` says how long it was), bring it back,
-    check."""
+async def run_outage(tmp: Path, outage_s: float) -> OutageOutcome:
+    """Deploy with a real agent, train a long job, take NATS away for `outage_s`, bring it back, wait until the
+    log has caught up with the training, cancel the job, check."""
     d = Deployment(tmp, agent=True, lease_ttl=DEFAULT_TTL_S)
     outcome = OutageOutcome("nats unreachable")
     await d.start()
     try:
-        # a first job tells how fast this machine trains (from its first iteration to its last): the long one must
-        # outlast the outage
-        await d.publish(submission(PROBE, PROBE_ITERATIONS))
-        if not await completed(d, PROBE, timeout=300):
-            raise AssertionError(f"{PROBE} did not complete")
-        rate = completed_rate(d.agent_state, PROBE)
-        outcome.target = target = target or int(rate * OUTLAST * (outage_s + 10))
-        outcome.notes.append(f"{PROBE} trained {rate:.1f} iterations/s: {JOB} gets {target} iterations")
-        await d.publish(submission(JOB, target))
-        await training_rate(d.agent_state, JOB)
+        await d.publish(submission(JOB, ITERATIONS))
+        rate = await training_rate(d.agent_state, JOB)
         server = d.nats.servers[0]
         before = iteration_of(d.agent_state, JOB)
         t0 = time.monotonic()
         server.stop()
-        # the job must still train when the server is back (its reporter is then there to send what it kept)
-        while time.monotonic() - t0 < outage_s and iteration_of(d.agent_state, JOB) < target - max(20, 5 * rate):
+        while time.monotonic() - t0 < outage_s:
             await asyncio.sleep(0.2)
         outcome.trained_during = iteration_of(d.agent_state, JOB) - before
         outcome.agent_alive = d.procs["agent"][0].proc.poll() is None
         d.nats.restart(0)
         outcome.outage_s = time.monotonic() - t0
-        outcome.completed = await completed(d, JOB, timeout=outage_s + 300)
+        back_at = iteration_of(d.agent_state, JOB)
+        outcome.notes.append(f"{JOB} trained {rate:.1f} iterations/s before the outage, {outcome.trained_during} "
+                             f"iterations during it; {back_at} done when the server was back")
+        # every iteration made before the server was back, and a few after, are in the stream before the cancel
+        caught_up = await reported_beyond(d, JOB, back_at + max(3, int(rate)), timeout=outage_s + 120)
+        outcome.trained_after = max(0, caught_up - back_at)
+        await d.publish(cancellation(JOB))
+        stopped = await preempted(d, JOB, timeout=120)
+        if stopped is not None:
+            outcome.stopped_at, outcome.stop_reason = stopped.iterations_done, stopped.reason
         await d.stop_agent()
         last = await d.settled()
         await d.check(outcome, last)
@@ -113,12 +125,6 @@ async def run_outage(tmp: Path, outage_s: float, target: int = 0) -> OutageOutco
     return outcome
 
 
-def completed_rate(state_dir: Path, job_id: str) -> float:
-    """Iterations per second of a completed job, from its first iteration to its end (its status file)."""
-    doc = json.loads((state_dir / "jobs" / job_id / "status.json").read_text())
-    return (int(doc["iteration"]) - 1) / max(1e-3, float(doc["completed_at"]) - float(doc["first_iteration_at"]))
-
-
 async def training_rate(state_dir: Path, job_id: str, timeout: float = 240.0) -> float:
     """Iterations per second of the job once it trains (from its status file)."""
     deadline = time.monotonic() + timeout
@@ -127,18 +133,39 @@ async def training_rate(state_dir: Path, job_id: str, timeout: float = 240.0) ->
             raise AssertionError(f"{job_id} did not start training")
         await asyncio.sleep(0.2)
     first, t = iteration_of(state_dir, job_id), time.monotonic()
-    await asyncio.sleep(3.0)
+    await asyncio.sleep(2.0)
     return (iteration_of(state_dir, job_id) - first) / (time.monotonic() - t)
 
 
-async def completed(d: Deployment, job_id: str, timeout: float) -> bool:
+async def reported_beyond(d: Deployment, job_id: str, iteration: int, timeout: float) -> int:
+    """Until the stream holds a measured iteration of the job numbered `iteration` or more; the highest it holds
+    (raises if it never does)."""
+    deadline, start, top = time.monotonic() + timeout, 1, -1
+    while time.monotonic() < deadline:
+        try:
+            async for m in d.bus.read(("metrics.iteration.>",), start_seq=start):
+                start = max(start, m.seq + 1)
+                e = decode(m.data, m.subject)
+                if e.payload.job_id == job_id:
+                    top = max(top, e.payload.iteration)
+        except Exception:
+            pass
+        if top >= iteration:
+            return top
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the stream holds {job_id}'s iterations up to {top}, not {iteration}, after the outage")
+
+
+async def preempted(d: Deployment, job_id: str, timeout: float):
+    """The agent's `job.preempted` of the job (its payload), or None if none came within `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            async for m in d.bus.read(("job.completed.>",)):
-                if f'"{job_id}"'.encode() in m.data or job_id.encode() in m.data:
-                    return True
+            async for m in d.bus.read(("job.preempted.>",)):
+                e = decode(m.data, m.subject)
+                if e.payload.job_id == job_id:
+                    return e.payload
         except Exception:
             pass
         await asyncio.sleep(0.5)
-    return False
+    return None

@@ -2,7 +2,8 @@
 --cpu-devices 2` trains the example trainer on the CPU while separate `rubick service` processes run on
 an open nats-server on 127.0.0.1; the server is stopped and started again on the same store and port.
 The agent and the training go on, the reporter buffers, and afterwards every iteration is in the log
-exactly once, the job completes, and the log passes the fault matrix's checks (outage.py)."""
+exactly once; a cancel sent through the restarted server stops the job where the agent says it stopped, and
+the log passes the fault matrix's checks (outage.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 async def test_nats_away_for_a_minute_training_goes_on_and_everything_catches_up(tmp_path):
     outage = outage_seconds()
     outcome = await run_outage(tmp_path, outage)
-    assert outcome.outage_s >= 0.9 * outage, outcome.notes  # the job trained so much faster that it was cut short
+    assert outcome.outage_s >= outage, outcome.notes
     assert outcome.agent_alive, "the agent did not live through the outage"
     assert outcome.trained_during > 0, "training stopped while NATS was away"
-    assert outcome.completed, "the job did not complete after the outage"
-    assert outcome.reported == list(range(outcome.target)), "an iteration is missing or reported twice"
+    assert outcome.trained_after > 0, "no iteration made after the outage reached the log"
+    assert outcome.stop_reason == "cancelled" and outcome.stopped_at > 0, outcome
+    assert outcome.reported == list(range(outcome.stopped_at)), "an iteration is missing or reported twice"
     assert outcome.lost == 0 and outcome.duplicates == 0 and outcome.gaps == 0, outcome
     assert outcome.state_equal, outcome.notes
     assert outcome.replay_rc == 0
+    assert outcome.survived
