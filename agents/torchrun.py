@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
 
-from controlplane.lifetime import die_with_parent
+from controlplane.lifetime import die_with_parent, exit_at_once
 
 _ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
          "master_listen_fd", "use_libuv")
@@ -80,8 +80,9 @@ def main(argv: list[str]) -> None:
     c10d_rendezvous_backend.TCPStore = LoopbackTCPStore  # type: ignore[attr-defined]
     from torch.distributed.run import main as torchrun
 
-    torchrun(argv)
+    torchrun(argv)  # raises when a worker failed: that ends the usual way, with torchrun's report
 
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    exit_at_once(0)  # the workers ended and the rendezvous is shut down: nothing is left to tear down

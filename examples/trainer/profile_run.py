@@ -32,6 +32,7 @@ from agents.plan_config import deepspeed_config  # noqa: E402
 from agents.reporter import Reporter  # noqa: E402
 from controlplane.events import Plan, build  # noqa: E402
 from controlplane.events.schema import to_plain  # noqa: E402
+from controlplane.lifetime import exit_at_once  # noqa: E402
 from examples.trainer import parallel  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import GPTConfig, TinyGPT  # noqa: E402
@@ -117,4 +118,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # an error ends the run the usual way; a run that returned has written its profile
+    exit_at_once(code)

@@ -34,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 from agents.contract import DEEPSPEED_CONFIG, TrainingJob  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
 from agents import checkpoint  # noqa: E402
+from controlplane.lifetime import exit_at_once  # noqa: E402
 from examples.trainer import parallel  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import build_model  # noqa: E402
@@ -216,4 +217,5 @@ def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckp
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # an error or a refusal ends the run the usual way; a run that returned has nothing left to do
+    exit_at_once(code)
