@@ -108,12 +108,17 @@ async def run_outage(tmp: Path, outage_s: float) -> OutageOutcome:
         outcome.notes.append(f"{JOB} trained {rate:.1f} iterations/s before the outage, {outcome.trained_during} "
                              f"iterations during it; {back_at} done when the server was back")
         # every iteration made before the server was back, and a few after, are in the stream before the cancel
-        caught_up = await reported_beyond(d, JOB, back_at + max(3, int(rate)), timeout=outage_s + 120)
-        outcome.trained_after = max(0, caught_up - back_at)
+        want = back_at + max(3, int(rate))
+        got = await job_events(d, "metrics.iteration", JOB, lambda ps: any(p.iteration >= want for p in ps),
+                               timeout=outage_s + 120)
+        caught_up = max((p.iteration for p in got), default=-1)
+        if caught_up < want:
+            raise AssertionError(f"the stream holds {JOB}'s iterations up to {caught_up}, not {want}, after the outage")
+        outcome.trained_after = caught_up - back_at
         await d.publish(cancellation(JOB))
-        stopped = await preempted(d, JOB, timeout=120)
-        if stopped is not None:
-            outcome.stopped_at, outcome.stop_reason = stopped.iterations_done, stopped.reason
+        stopped = await job_events(d, "job.preempted", JOB, bool, timeout=120)
+        if stopped:
+            outcome.stopped_at, outcome.stop_reason = stopped[0].iterations_done, stopped[0].reason
         await d.stop_agent()
         last = await d.settled()
         await d.check(outcome, last)
@@ -137,35 +142,20 @@ async def training_rate(state_dir: Path, job_id: str, timeout: float = 240.0) ->
     return (iteration_of(state_dir, job_id) - first) / (time.monotonic() - t)
 
 
-async def reported_beyond(d: Deployment, job_id: str, iteration: int, timeout: float) -> int:
-    """Until the stream holds a measured iteration of the job numbered `iteration` or more; the highest it holds
-    (raises if it never does)."""
-    deadline, start, top = time.monotonic() + timeout, 1, -1
-    while time.monotonic() < deadline:
+async def job_events(d: Deployment, subject: str, job_id: str, enough, timeout: float) -> list:
+    """The payloads of the job's `subject` events in the stream, read on from where the last read ended until
+    `enough(payloads)` holds or `timeout` passes (the server may still be coming back: a failed read is tried
+    again)."""
+    deadline, start, seen = time.monotonic() + timeout, 1, []
+    while True:
         try:
-            async for m in d.bus.read(("metrics.iteration.>",), start_seq=start):
-                start = max(start, m.seq + 1)
+            async for m in d.bus.read((f"{subject}.>",), start_seq=start):
+                start = m.seq + 1
                 e = decode(m.data, m.subject)
                 if e.payload.job_id == job_id:
-                    top = max(top, e.payload.iteration)
+                    seen.append(e.payload)
         except Exception:
             pass
-        if top >= iteration:
-            return top
+        if enough(seen) or time.monotonic() > deadline:
+            return seen
         await asyncio.sleep(0.5)
-    raise AssertionError(f"the stream holds {job_id}'s iterations up to {top}, not {iteration}, after the outage")
-
-
-async def preempted(d: Deployment, job_id: str, timeout: float):
-    """The agent's `job.preempted` of the job (its payload), or None if none came within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            async for m in d.bus.read(("job.preempted.>",)):
-                e = decode(m.data, m.subject)
-                if e.payload.job_id == job_id:
-                    return e.payload
-        except Exception:
-            pass
-        await asyncio.sleep(0.5)
-    return None
