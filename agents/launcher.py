@@ -27,7 +27,7 @@ from controlplane.events.schema import to_plain
 
 from . import contract, lease
 from .core import Exited, Fact, FirstIteration, Found, Launch
-from .plan_config import PlanError, torchrun_args, torchrun_env
+from .plan_config import PlanError, torchrun_args, torchrun_env, trainer_command
 from .traffic import DEFAULT as DEFAULT_TRAFFIC_CLASSES
 from .traffic import TrafficClasses, traffic_env
 
@@ -131,7 +131,16 @@ class LocalLauncher:
     """Added to the training processes' environment: the node's reporter credentials (docs/security.md)."""
     traffic_classes: TrafficClasses | None = DEFAULT_TRAFFIC_CLASSES
     """What a job's traffic class sets in its processes' environment (`agents.traffic`; None: nothing)."""
+    warm: bool = True
+    """Start the trainer's processes warm (`agents.torchrun`): forked from torchrun once it imported torch, DeepSpeed
+    and the trainer's modules, instead of each importing them afresh. Only with CPU devices (`warm_start`)."""
     procs: dict[str, _Proc] = field(default_factory=dict)
+
+    @property
+    def warm_start(self) -> bool:
+        """Whether the project's trainer starts warm: asked for (`warm`) and on CPU devices, since a process that
+        probed CUDA (DeepSpeed's import does) cannot hand it across a fork."""
+        return self.warm and self.cpu_devices and Path(self.trainer).resolve() == TRAINER.resolve()
 
     def job_dir(self, job_id: str) -> Path:
         return Path(self.state_dir) / "jobs" / job_id
@@ -185,7 +194,8 @@ class LocalLauncher:
             cwd = Path(workload.working_dir) if workload.working_dir else d
         else:
             cwd = REPO
-            cmd = [self.python, "-m", "agents.torchrun", *targs, str(self.trainer), str(run_file)]
+            cmd = trainer_command(self.python, targs, str(Path(self.trainer).resolve()), [str(run_file)],
+                                  warm=self.warm_start)
         cores = machine_cores(a.cpu_cores)
 
         def bind() -> None:  # runs in the child before exec: torchrun and its workers inherit it

@@ -80,6 +80,22 @@ def loopback_args(run_id: str, nproc: int) -> list[str]:
             f"--rdzv-id={run_id}", "--local-addr=127.0.0.1"]
 
 
+WARM_MODULES = ("examples.trainer.train", "torch._dynamo")
+"""What a warm start of the project's trainer imports before forking its processes: the trainer as a module (its
+imports: torch, DeepSpeed, the project's modules; its `main` runs only in the workers), and what torch imports at
+an optimizer's first step (`torch._dynamo`, seconds of CPU: its first use is behind `torch._disable_dynamo`)."""
+
+
+def trainer_command(python: str, targs: Sequence[str], script: str, args: Sequence[str], *,
+                    warm: bool) -> list[str]:
+    """The command that runs `script args` under `agents.torchrun` with torchrun arguments `targs`. `warm`: its
+    processes are forked from torchrun once it imported `WARM_MODULES` (torchrun's `--start-method=fork --run-path`,
+    see `agents.torchrun`), for a process that does not use CUDA only."""
+    lead = [f"--preload={','.join(WARM_MODULES)}"] if warm else []
+    tail = ["--start-method=fork", "--run-path"] if warm else []
+    return [python, "-m", "agents.torchrun", *lead, *targs, *tail, script, *args]
+
+
 def torchrun_env(allocation: Sequence[NodeShare]) -> dict[str, str]:
     """Environment of a job's training processes: a job on one node keeps its sockets on the loopback
     interface (gloo's and NCCL's own listeners; the rendezvous stores are `agents.torchrun`'s part)."""

@@ -93,8 +93,13 @@ def exit_at_once(code: int) -> None:
     For a process that has already saved, sent and closed everything it owes (a training process after its
     status file, checkpoint and reporter are done and its process group destroyed; torchrun after its workers
     ended): tearing down torch and DeepSpeed takes seconds of CPU per process, and a reconfiguration waits for
-    every one of them before it can start the job again. Never for a process with work left in atexit handlers."""
+    every one of them before it can start the job again. Never for a process with work left in atexit handlers.
+
+    A process started by `multiprocessing` (a training process torchrun forked from a warm launcher,
+    `agents.torchrun`) raises `SystemExit(code)` instead: its caller hands the result back to the parent, which
+    waits for it, and multiprocessing then ends the process with `os._exit` itself."""
     import logging
+    import multiprocessing
 
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -102,4 +107,6 @@ def exit_at_once(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    if multiprocessing.parent_process() is not None:
+        raise SystemExit(code)
     os._exit(code)

@@ -33,12 +33,13 @@ from agents.reporter import Reporter  # noqa: E402
 from controlplane.events import Plan, build  # noqa: E402
 from controlplane.events.schema import to_plain  # noqa: E402
 from controlplane.lifetime import exit_at_once  # noqa: E402
-from examples.trainer import parallel  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import GPTConfig, TinyGPT  # noqa: E402
 
 
 def measure_3d(run: dict, plan: Plan, model: TinyGPT, data: SumsDataset, rank: int, attempt: int) -> dict:
+    from examples.trainer import parallel  # only 3D plans need it, and it takes seconds to import
+
     gbs = int(run["global_batch_size"])
     par = parallel.build(plan, model, gbs, lr=3e-3)
     reporter = Reporter.from_run({**run, "plan": to_plain(plan), "attempt": attempt,

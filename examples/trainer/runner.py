@@ -24,13 +24,15 @@ TRAINER = Path(__file__).resolve().parent / "train.py"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from agents.plan_config import loopback_args  # noqa: E402
+from agents.plan_config import loopback_args, trainer_command  # noqa: E402
 from controlplane.lifetime import die_with_parent  # noqa: E402
 
 
 def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
-          script: Path = TRAINER) -> subprocess.Popen:
-    """Write the run file and start torchrun with `nproc` processes running `script`; returns at once."""
+          script: Path = TRAINER, warm: bool = True) -> subprocess.Popen:
+    """Write the run file and start torchrun with `nproc` processes running `script`; returns at once. `warm`: the
+    processes of the project's trainer are forked from torchrun with its modules imported (`agents.torchrun`); this
+    runner trains on the CPU, where that is safe."""
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "control").mkdir(exist_ok=True)
     (job_dir / "control" / "stop").unlink(missing_ok=True)
@@ -42,8 +44,9 @@ def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "NCCL_SOCKET_IFNAME": "lo"}
     with open(job_dir / f"log-a{attempt}.txt", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "agents.torchrun", *loopback_args(f"local-{attempt}", nproc),
-                                 str(script), str(run_file)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+        cmd = trainer_command(sys.executable, loopback_args(f"local-{attempt}", nproc), str(Path(script).resolve()),
+                              [str(run_file)], warm=warm and Path(script).resolve() == TRAINER.resolve())
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
 
 

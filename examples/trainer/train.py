@@ -35,7 +35,6 @@ from agents.contract import DEEPSPEED_CONFIG, TrainingJob  # noqa: E402
 from agents.plan_config import deepspeed_config  # noqa: E402
 from agents import checkpoint  # noqa: E402
 from controlplane.lifetime import exit_at_once  # noqa: E402
-from examples.trainer import parallel  # noqa: E402
 from examples.trainer.data import SumsDataset  # noqa: E402
 from examples.trainer.model import build_model  # noqa: E402
 
@@ -168,7 +167,11 @@ def unusable(load, path: Path) -> None:
 
 
 def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path) -> int:
-    """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract."""
+    """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract. `parallel` is imported
+    here: torch's tensor and pipeline modules take seconds to import (torch._dynamo among them), which a
+    data-parallel plan would pay at every start for nothing."""
+    from examples.trainer import parallel
+
     run, plan = job.run, job.plan
     seed, gbs, target = int(run.get("seed", 0)), int(run["global_batch_size"]), int(run["target_iterations"])
     try:

@@ -18,7 +18,7 @@ from agents.launcher import LocalLauncher, read_json
 from agents.plan_check import JobInfo
 from controlplane.events import (Decision, Event, Invalid, JobSubmitted, ModelRef, NodeShare, Plan, PlanDecided,
                                  Resources, decode, encode, make)
-from controlplane.lifetime import cmdline, pids_running
+from controlplane.lifetime import cmdline, parent_pid, pids_running
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,8 +122,12 @@ def started_here(tmp: Path) -> list[int]:
 
 
 def trainers(tmp: Path) -> list[int]:
-    """The training processes torchrun started (not torchrun itself)."""
-    return [p for p in started_here(tmp) if "train.py" in " ".join(cmdline(p)) and "agents.torchrun" not in cmdline(p)]
+    """The training processes torchrun started: those of `started_here` whose parent is torchrun (itself one of them,
+    its command line naming the trainer). A worker started warm is a fork of torchrun and shows torchrun's command
+    line, so the command line alone cannot tell them apart."""
+    here = started_here(tmp)
+    launchers = {p for p in here if "agents.torchrun" in cmdline(p) and "train.py" in " ".join(cmdline(p))}
+    return [p for p in here if parent_pid(p) in launchers]
 
 
 def wait_until(what, timeout: float) -> bool:
