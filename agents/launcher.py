@@ -27,7 +27,7 @@ from controlplane.events.schema import to_plain
 
 from . import contract, lease
 from .core import Exited, Fact, FirstIteration, Found, Launch
-from .plan_config import PlanError, torchrun_args, torchrun_env, trainer_command
+from .plan_config import PlanError, torchrun_args, torchrun_env, trainer_command, warm_modules
 from .traffic import DEFAULT as DEFAULT_TRAFFIC_CLASSES
 from .traffic import TrafficClasses, traffic_env
 
@@ -140,7 +140,7 @@ class LocalLauncher:
     def warm_start(self) -> bool:
         """Whether the project's trainer starts warm: asked for (`warm`) and on CPU devices, since a process that
         probed CUDA (DeepSpeed's import does) cannot hand it across a fork."""
-        return self.warm and self.cpu_devices and Path(self.trainer).resolve() == TRAINER.resolve()
+        return self.warm and self.cpu_devices and bool(warm_modules(self.trainer))
 
     def job_dir(self, job_id: str) -> Path:
         return Path(self.state_dir) / "jobs" / job_id
@@ -194,8 +194,7 @@ class LocalLauncher:
             cwd = Path(workload.working_dir) if workload.working_dir else d
         else:
             cwd = REPO
-            cmd = trainer_command(self.python, targs, str(Path(self.trainer).resolve()), [str(run_file)],
-                                  warm=self.warm_start)
+            cmd = trainer_command(self.python, targs, str(self.trainer), [str(run_file)], warm=self.warm_start)
         cores = machine_cores(a.cpu_cores)
 
         def bind() -> None:  # runs in the child before exec: torchrun and its workers inherit it

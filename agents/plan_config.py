@@ -8,6 +8,7 @@ business (Megatron-DeepSpeed), so they appear only in the world size.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 from controlplane.events import NodeShare, Plan
@@ -80,20 +81,34 @@ def loopback_args(run_id: str, nproc: int) -> list[str]:
             f"--rdzv-id={run_id}", "--local-addr=127.0.0.1"]
 
 
-WARM_MODULES = ("examples.trainer.train", "torch._dynamo")
-"""What a warm start of the project's trainer imports before forking its processes: the trainer as a module (its
-imports: torch, DeepSpeed, the project's modules; its `main` runs only in the workers), and what torch imports at
-an optimizer's first step (`torch._dynamo`, seconds of CPU: its first use is behind `torch._disable_dynamo`)."""
+TRAINER_DIR = Path(__file__).resolve().parent.parent / "examples" / "trainer"
+WARM_SCRIPTS = {"train.py": "examples.trainer.train", "profile_run.py": "examples.trainer.profile_run"}
+"""The project's trainer scripts (in `examples/trainer/`) that start warm, and their modules."""
+
+
+def warm_modules(script: str | Path) -> tuple[str, ...]:
+    """What a warm start of `script` imports before forking its processes (empty: `script` starts cold): one of the
+    project's trainer scripts as a module (its imports: torch, DeepSpeed, the project's modules; its `main` runs only
+    in the workers), and what torch imports at an optimizer's first step (`torch._dynamo`, seconds of CPU: its first
+    use is behind `torch._disable_dynamo`). Any other script (a user's own) is never run in a fork."""
+    path = Path(script).resolve()
+    module = WARM_SCRIPTS.get(path.name)
+    if module is None or path != TRAINER_DIR / path.name:
+        return ()
+    return (module, "torch._dynamo")
 
 
 def trainer_command(python: str, targs: Sequence[str], script: str, args: Sequence[str], *,
                     warm: bool) -> list[str]:
-    """The command that runs `script args` under `agents.torchrun` with torchrun arguments `targs`. `warm`: its
-    processes are forked from torchrun once it imported `WARM_MODULES` (torchrun's `--start-method=fork --run-path`,
-    see `agents.torchrun`), for a process that does not use CUDA only."""
-    lead = [f"--preload={','.join(WARM_MODULES)}"] if warm else []
-    tail = ["--start-method=fork", "--run-path"] if warm else []
-    return [python, "-m", "agents.torchrun", *lead, *targs, *tail, script, *args]
+    """The command that runs `script args` under `agents.torchrun` with torchrun arguments `targs`. `warm` (for a
+    process that does not use CUDA only), where `script` is one of the project's trainer scripts (`warm_modules`): its
+    processes are forked from torchrun once it imported those modules (torchrun's `--start-method=fork --run-path`,
+    see `agents.torchrun`)."""
+    modules = warm_modules(script) if warm else ()
+    lead = [f"--preload={','.join(modules)}"] if modules else []
+    tail = ["--start-method=fork", "--run-path"] if modules else []
+    return [python, "-m", "agents.torchrun", *lead, *targs, *tail, str(Path(script).resolve()) if modules else script,
+            *args]
 
 
 def torchrun_env(allocation: Sequence[NodeShare]) -> dict[str, str]:

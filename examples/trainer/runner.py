@@ -31,7 +31,7 @@ from controlplane.lifetime import die_with_parent  # noqa: E402
 def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
           script: Path = TRAINER, warm: bool = True) -> subprocess.Popen:
     """Write the run file and start torchrun with `nproc` processes running `script`; returns at once. `warm`: the
-    processes of the project's trainer are forked from torchrun with its modules imported (`agents.torchrun`); this
+    processes of the project's trainer scripts are forked from torchrun with its modules imported (`agents.torchrun`); this
     runner trains on the CPU, where that is safe."""
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "control").mkdir(exist_ok=True)
@@ -44,8 +44,8 @@ def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
            "NCCL_SOCKET_IFNAME": "lo"}
     with open(job_dir / f"log-a{attempt}.txt", "wb") as log:
-        cmd = trainer_command(sys.executable, loopback_args(f"local-{attempt}", nproc), str(Path(script).resolve()),
-                              [str(run_file)], warm=warm and Path(script).resolve() == TRAINER.resolve())
+        cmd = trainer_command(sys.executable, loopback_args(f"local-{attempt}", nproc), str(script), [str(run_file)],
+                              warm=warm)
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
 

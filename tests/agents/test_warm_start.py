@@ -52,3 +52,20 @@ def test_workers_start_warm_on_cpu_devices_and_end_on_torchruns_sigterm(tmp_path
     finally:
         for pid in started_here(tmp_path):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_only_the_projects_trainer_scripts_are_run_in_a_fork(tmp_path):
+    from agents.plan_config import TRAINER_DIR, trainer_command, warm_modules
+
+    assert warm_modules(TRAINER_DIR / "train.py") == ("examples.trainer.train", "torch._dynamo")
+    assert warm_modules(TRAINER_DIR / "profile_run.py") == ("examples.trainer.profile_run", "torch._dynamo")
+    own = tmp_path / "train.py"  # a user's script of the same name elsewhere
+    own.write_text("")
+    assert warm_modules(own) == () and warm_modules(TRAINER_DIR / "runner.py") == ()
+    cold = trainer_command("python", ["--nnodes=1"], str(own), ["RUN"], warm=True)
+    assert cold == ["python", "-m", "agents.torchrun", "--nnodes=1", str(own), "RUN"]
+    warm = trainer_command("python", ["--nnodes=1"], str(TRAINER_DIR / "train.py"), ["RUN"], warm=True)
+    assert warm[3] == "--preload=examples.trainer.train,torch._dynamo"  # agents.torchrun reads it first
+    assert warm[4:] == ["--nnodes=1", "--start-method=fork", "--run-path", str(TRAINER_DIR / "train.py"), "RUN"]
+    assert "--run-path" not in trainer_command("python", [], str(TRAINER_DIR / "train.py"), [], warm=False)
+    assert LocalLauncher(tmp_path, "n0", None, trainer=own).warm_start is False
