@@ -142,6 +142,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
+        self._sizes: dict[str, tuple] = {}
+        """job id -> ((minimum, CPUs per GPU, reference), `_size_in_time`), for this round"""
         self._free_list: list[str] | None = None
         self._free_keys: list[tuple[int, int, str]] | None = None
         """(-free GPUs, position in the nodes' order, node) of every node with free GPUs, lowest first: the order of

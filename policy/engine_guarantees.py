@@ -130,13 +130,23 @@ class _Guarantees:
     def _size_in_time(self, v: _Job) -> int | None:
         """The fewest GPUs on one node, at least its minimum, with which a running guaranteed job
         restarted now still ends before its deadline (its speed: the reference, or the predicted best
-        less the type's margin where that is more); None when no node size does."""
+        less the type's margin where that is more); None when no node size does. Every repack of a round asks it of
+        every guaranteed job on one node: it is worked out once a round per job, minimum, CPUs per GPU and reference
+        (all else it reads, the job's input, the model and the margins, stays the same through a round)."""
+        cpg = self._cpg_of(v)
+        key = (v.min_g, cpg, v.ref)
+        held = self._sizes.get(v.id)
+        if held is not None and held[0] == key:
+            return held[1]
+        size = None
         for g in range(max(1, v.min_g), self.book.node_gpus + 1):
-            best = self.book.best(v.inp.kind, (g,), self._cpg_of(v))
+            best = self.book.best(v.inp.kind, (g,), cpg)
             margin = 1 + self._margin(v.inp.kind, best.plan)
             if self._in_time(v, max(v.ref, best.throughput / margin if best.plan is not None else 0.0)):
-                return g
-        return None
+                size = g
+                break
+        self._sizes[v.id] = (key, size)
+        return size
 
     def _at_least(self, job: _Job, jr: _Journal, nodes: list[str], gpus: int) -> bool:
         """ScheduleJob on `nodes` only, as if `gpus` were the job's minimum (taking from any job

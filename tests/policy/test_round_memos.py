@@ -1114,3 +1114,35 @@ def test_a_records_slope_tables_are_those_of_what_it_asks_now():
         engine._tables(job)
         assert job.tables_memo[0] is job.version
     assert answered >= len(records)  # the repeated asks were answered from the memo
+
+
+@pytest.mark.parametrize("seed", [2])
+def test_a_size_in_time_kept_through_a_round_is_the_one_worked_out_afresh(monkeypatch, seed):
+    """Every repack of a round asks each guaranteed job on one node for the fewest GPUs with which it still ends in time
+    (`_size_in_time`); the round keeps the answer per job, minimum, CPUs per GPU and reference. Each kept answer must be
+    the one worked out again at that moment, and the run must publish what a run that keeps none publishes."""
+    real = engine_mod.RubickEngine._size_in_time
+    seen = {"kept": 0, "asked": 0}
+
+    def checked(self, v):
+        before = dict(self._sizes)
+        answer = real(self, v)
+        seen["asked"] += 1
+        if v.id in before and before[v.id][0] == (v.min_g, self._cpg_of(v), v.ref):
+            seen["kept"] += 1
+            self._sizes.pop(v.id)
+            assert real(self, v) == answer, v.id  # worked out afresh
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_size_in_time", checked)
+    kept, _ = drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
+    assert seen["kept"] > 1000 and seen["kept"] < seen["asked"], seen
+
+    def afresh(self, v):
+        self._sizes.pop(v.id, None)
+        return real(self, v)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_size_in_time", afresh)
+    none_kept, _ = drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
+    assert sum(b"plan.decided" in b for b in kept) >= 10
+    assert kept == none_kept
