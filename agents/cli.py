@@ -34,6 +34,9 @@ def register(sub: Any) -> None:
     p.add_argument("--heartbeat", type=float, default=5.0, help="seconds between heartbeats")
     p.add_argument("--stop-timeout", type=float, default=300.0,
                    help="seconds a job gets to checkpoint and exit before it is killed")
+    p.add_argument("--no-warm-start", dest="warm_start", action="store_false",
+                   help="example trainer on CPU devices: start each training process afresh instead of forking it "
+                        "from torchrun once torch and DeepSpeed are imported (docs/agents.md)")
     p.add_argument("--size", default="tiny", help="example trainer: model size (tiny, small, medium)")
     p.add_argument("--seed", type=int, default=0, help="example trainer: seed")
     p.add_argument("--checkpoint-every", type=int, default=0,
@@ -121,7 +124,8 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
         capacity = discover(args.node, cpu_devices=args.cpu_devices or None, cpus=args.cpus or None,
                             mem_gb=args.mem_gb or None)
         launcher = LocalLauncher(state_dir, args.node, url, cpu_devices=capacity.cpu_devices, run_extra=run_extra,
-                                 stop_timeout_s=args.stop_timeout, traffic_classes=traffic_classes(args))
+                                 stop_timeout_s=args.stop_timeout, traffic_classes=traffic_classes(args),
+                                 warm=args.warm_start)
         launcher.env.update(reporter_env(args, credentials))
     if capacity.gpus == 0:
         print(f"rubick agent: no GPUs found on {args.node}; use --cpu-devices N to run on the CPU", flush=True)

@@ -69,3 +69,14 @@ def test_only_the_projects_trainer_scripts_are_run_in_a_fork(tmp_path):
     assert warm[4:] == ["--nnodes=1", "--start-method=fork", "--run-path", str(TRAINER_DIR / "train.py"), "RUN"]
     assert "--run-path" not in trainer_command("python", [], str(TRAINER_DIR / "train.py"), [], warm=False)
     assert LocalLauncher(tmp_path, "n0", None, trainer=own).warm_start is False
+
+
+def test_the_agent_starts_warm_unless_told_not_to():
+    import argparse
+
+    from agents.cli import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["agent"]).warm_start is True
+    assert parser.parse_args(["agent", "--no-warm-start"]).warm_start is False
