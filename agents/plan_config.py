@@ -105,10 +105,10 @@ def trainer_command(python: str, targs: Sequence[str], script: str, args: Sequen
     processes are forked from torchrun once it imported those modules (torchrun's `--start-method=fork --run-path`,
     see `agents.torchrun`)."""
     modules = warm_modules(script) if warm else ()
-    lead = [f"--preload={','.join(modules)}"] if modules else []
-    tail = ["--start-method=fork", "--run-path"] if modules else []
-    return [python, "-m", "agents.torchrun", *lead, *targs, *tail, str(Path(script).resolve()) if modules else script,
-            *args]
+    if not modules:
+        return [python, "-m", "agents.torchrun", *targs, script, *args]
+    return [python, "-m", "agents.torchrun", f"--preload={','.join(modules)}", *targs, "--start-method=fork",
+            "--run-path", str(Path(script).resolve()), *args]  # torchrun's --run-path takes an absolute path
 
 
 def torchrun_env(allocation: Sequence[NodeShare]) -> dict[str, str]:

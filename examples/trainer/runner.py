@@ -31,8 +31,8 @@ from controlplane.lifetime import die_with_parent  # noqa: E402
 def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
           script: Path = TRAINER, warm: bool = True) -> subprocess.Popen:
     """Write the run file and start torchrun with `nproc` processes running `script`; returns at once. `warm`: the
-    processes of the project's trainer scripts are forked from torchrun with its modules imported (`agents.torchrun`); this
-    runner trains on the CPU, where that is safe."""
+    processes of the project's trainer scripts are forked from torchrun with their modules imported
+    (`agents.torchrun`); this runner trains on the CPU, where that is safe."""
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "control").mkdir(exist_ok=True)
     (job_dir / "control" / "stop").unlink(missing_ok=True)
