@@ -58,6 +58,14 @@ class _Search:
         if queued and self.held_back and self._too_short(job):
             self.why[job.id] = "held"  # the restart rule: no change could pay its restart
             return True
+        if job.g_on and job.inp.running and job.g >= max(1, job.min_g) and not self._may_gather(job, self.lowest):
+            # a running job that may gather no GPU: the search below would visit no node and end here, on the
+            # allocation as it is (`_settled`); where that does not settle, it goes on the long way
+            if self._settled(job, job.best):
+                self._skipped_held = False
+                self._reindex(job)  # as the search would (nothing was written)
+                self.why[job.id] = "held"  # the restart rule: nothing gathered, nothing faster
+                return True
         repeat = self._repeat_key(job) if queued else None
         if repeat is not None and repeat in self._failed:
             self.why[job.id] = self._failed[repeat]
@@ -239,45 +247,76 @@ class _Search:
         wants on every node (those it holds there, and free ones) and the memory it needs, and end with at least its
         minimum of GPUs on a plan whose gain over `old` (its best as the attempt began) does not pay one restart:
         the restart rule (`_worth_it`, with nothing shrunk) would then refuse the change, and the attempt be undone
-        whole. Read without writing anything; each check is `_settle`'s own, in its order, and a case it does not
-        answer for sure (a trim, CPUs to take from another job) is left to `_settle` itself. `chosen`: the best plan
-        `_settle` found first, already guarded, where it looked at a larger allocation (`_settles_back`, which gives
-        `g_on` with it)."""
+        whole. Read without writing anything; each check is `_settle`'s own, and a case it does not answer for sure
+        (a trim, CPUs to take from another job) is left to `_settle` itself. `chosen`: the best plan `_settle` found
+        first, already guarded, where it looked at a larger allocation (`_settles_back`, which gives `g_on` with it).
+
+        What it reads of the plan book (`_settle_shape`) depends only on the placement, the CPUs per GPU, the job's
+        request and minimum and its model's version (and, for a guarantee, its reference and the type's margins): on
+        its own allocation, a job keeps it in its record (`settled_memo`) and asks it again only when one of those
+        changed. What the other jobs leave free (CPUs,
+        memory) and the restart rule (the iterations left) are read every time."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
-        c_on = job.c_on
         if g_on is None:
             g_on = job.g_on
-        place = tuple(g_on.values())
-        best = chosen if chosen is not None else self._first_best(job, place, max(self._cpg_of(job), job.cpg))
-        if best is None:
+            place = tuple(g_on.values())
+            cpg = max(self._cpg_of(job), job.cpg)
+            if job.version is None:
+                shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
+            else:  # the same round after round while it runs as it is
+                key = (job.version, place, cpg, job.min_g, job.min_c, job.cpg, job.inp, self.fixed_resources,
+                       self.min_cpus_per_gpu, job.privileged)
+                if job.privileged:  # what its guarantee is checked against
+                    key += (job.ref, job.request, self._margins_key(job.inp.kind))
+                memo = job.settled_memo
+                if memo is not None and memo[0] == key:
+                    shape = memo[1]
+                else:
+                    shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
+                    job.settled_memo = (key, shape)
+        else:
+            shape = self._settle_shape(job, tuple(g_on.values()), chosen)
+        if shape is None:
             return False
-        if best.placement != canonical(place):
-            return False  # a plan on fewer GPUs: `_trim` would give some back
-        gpus = sum(place)
-        if gpus < job.min_g:
-            return False  # under its minimum the restart rule is not asked: the change is kept
-        want, floor = self._cpu_want(job, best.placement, gpus)
-        if want < floor:
-            return False
-        free_c = self.free_c
+        want, best, per_node, asked = shape
+        c_on, free_c = job.c_on, self.free_c
         for node, g in g_on.items():  # `_alloc_cpus`: what it holds there down to its want, else free CPUs up to it
             have = c_on.get(node, 0)
             if have < g * want and have + free_c[node] < g * want:
                 return False  # CPUs to take from another job
-        best = self.book.best(job.inp.kind, best.placement, want if want > 1 else 1)
-        if job.privileged:
-            best = self._guarded(job, best)
-            if not self._meets(job, best):
-                return False
-        if best.plan is None or (best.throughput > old.throughput * (1 + 1e-9) and self._pays(job, old, best, 1)):
+        if best.throughput > old.throughput * (1 + 1e-9) and self._pays(job, old, best, 1):
             return False
-        per_node, asked = self._mem_want(job, best, len(g_on))
         free_m, mem_on, per_gpu = self.free_m, job.mem_on, self.mem_per_gpu_gb
         for node, g in g_on.items():
             if free_m[node] + mem_on.get(node, 0.0) < max(per_node + per_gpu * g, asked * g) - 1e-9:
                 return False
         return True
+
+    def _settle_shape(self, job: _Job, place: tuple[int, ...], best: Best | None) -> tuple | None:
+        """What `_settled` reads of the plan book for an allocation of GPUs `place` on which `best` (guarded for a
+        guarantee; None: nothing settles) is the first plan `_settle` finds: (the CPUs per GPU it wants, the plan it
+        would end on, the host memory per node and the requested memory per GPU it would ask for); None where
+        `_settle` would not end there for sure (a trim, under the minimum, no plan, a guarantee missed)."""
+        if best is None:
+            return None
+        if best.placement != canonical(place):
+            return None  # a plan on fewer GPUs: `_trim` would give some back
+        gpus = sum(place)
+        if gpus < job.min_g:
+            return None  # under its minimum the restart rule is not asked: the change is kept
+        want, floor = self._cpu_want(job, best.placement, gpus)
+        if want < floor:
+            return None
+        best = self.book.best(job.inp.kind, best.placement, want if want > 1 else 1)
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return None
+        if best.plan is None:
+            return None
+        per_node, asked = self._mem_want(job, best, len(place))
+        return want, best, per_node, asked
 
     def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float], target: int) -> dict[str, int] | None:
         """The free GPUs an attempt's search over `order` would take (node -> GPUs), read without writing anything,

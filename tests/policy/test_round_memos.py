@@ -1146,3 +1146,39 @@ def test_a_size_in_time_kept_through_a_round_is_the_one_worked_out_afresh(monkey
     none_kept, _ = drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
     assert sum(b"plan.decided" in b for b in kept) >= 10
     assert kept == none_kept
+
+
+@pytest.mark.parametrize("seed,cpus", [(1, 96), (2, 12)])
+def test_what_a_record_keeps_of_settling_its_own_allocation_is_what_settling_it_afresh_reads(monkeypatch, seed, cpus):
+    """A running job that may gather no GPU is answered by `_settled` on its allocation as it is, round after round;
+    its record keeps what that reads of the plan book (`settled_memo`) while the placement, CPUs per GPU, request,
+    minimum and model version are the same. Every answer given from the record must be the one worked out afresh at
+    that moment, and the run must publish what a run that keeps nothing publishes. With 12 CPUs a node, jobs hold
+    fewer CPUs than their plans want and the CPUs per GPU change from round to round."""
+    real = engine_mod.RubickEngine._settled
+    seen = {"kept": 0, "asked": 0}
+
+    def checked(self, job, old, chosen=None, g_on=None):
+        memo = job.settled_memo
+        answer = real(self, job, old, chosen, g_on)
+        if chosen is None and g_on is None:
+            seen["asked"] += 1
+            if memo is not None and job.settled_memo is memo:  # answered from the record
+                seen["kept"] += 1
+                job.settled_memo = None
+                assert real(self, job, old) == answer, job.id
+                assert job.settled_memo is not None and job.settled_memo[1] == memo[1], job.id
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", checked)
+    kept, _ = drive(seed, cpus=cpus)
+    assert seen["kept"] > 100 and seen["kept"] < seen["asked"], seen
+
+    def afresh(self, job, old, chosen=None, g_on=None):
+        job.settled_memo = None
+        return real(self, job, old, chosen, g_on)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", afresh)
+    none_kept, _ = drive(seed, cpus=cpus)
+    assert sum(b"plan.decided" in b for b in kept) >= 10
+    assert kept == none_kept
