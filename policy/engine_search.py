@@ -254,8 +254,8 @@ class _Search:
         What it reads of the plan book (`_settle_shape`) depends only on the placement, the CPUs per GPU, the job's
         request and minimum and its model's version (and, for a guarantee, its reference and the type's margins): on
         its own allocation, a job keeps it in its record (`settled_memo`) and asks it again only when one of those
-        changed. What the other jobs leave free (CPUs,
-        memory) and the restart rule (the iterations left) are read every time."""
+        changed. What the other jobs leave free (CPUs, memory) and the restart rule (the iterations left) are read
+        every time."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
         if g_on is None:
