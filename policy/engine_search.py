@@ -58,14 +58,14 @@ class _Search:
         if queued and self.held_back and self._too_short(job):
             self.why[job.id] = "held"  # the restart rule: no change could pay its restart
             return True
-        if job.g_on and job.inp.running and job.g >= max(1, job.min_g) and not self._may_gather(job, self.lowest):
-            # a running job that may gather no GPU: the search below would visit no node and end here, on the
-            # allocation as it is (`_settled`); where that does not settle, it goes on the long way
-            if self._settled(job, job.best):
-                self._skipped_held = False
-                self._reindex(job)  # as the search would (nothing was written)
-                self.why[job.id] = "held"  # the restart rule: nothing gathered, nothing faster
-                return True
+        if (job.g_on and job.inp.running and job.g >= max(1, job.min_g) and not self._may_gather(job, self.lowest)
+                and self._settled(job, job.best)):
+            # a running job that may gather no GPU: the search below would visit no node and end as here, on the
+            # allocation as it is; where that does not settle, the attempt goes the long way
+            self._skipped_held = False
+            self._reindex(job)  # as the search would (nothing was written)
+            self.why[job.id] = "held"  # the restart rule: nothing gathered, nothing faster
+            return True
         repeat = self._repeat_key(job) if queued else None
         if repeat is not None and repeat in self._failed:
             self.why[job.id] = self._failed[repeat]
