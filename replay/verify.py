@@ -342,11 +342,11 @@ def _walk_apart(load: Callable[[list[Any] | None], _Stream], groups: list[list[A
 
 
 def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, context: int = 5,
-           only: tuple[str, ...] | None = None, jobs: int | None = None,
+           only: tuple[str, ...] | str | None = None, jobs: int | None = None,
            progress: Callable[[int, int, float], None] | None = None) -> VerifyResult:
-    """Check the run in `log_dir`. `only` names the cores to rebuild (e.g. `("policy",)`); the recorded
-    answers of the others are then inputs like the rest (faster: the modeler's refits are not redone).
-    `jobs` is how many processes check the cores at once (default `default_jobs()`): each core's
+    """Check the run in `log_dir`. `only` names the cores to rebuild (e.g. `("policy",)`, or one name as a
+    string); the recorded answers of the others are then inputs like the rest (faster: the modeler's refits are
+    not redone). `jobs` is how many processes check the cores at once (default `default_jobs()`): each core's
     answers depend on the log alone, so the policy's check and the modeler's can run side by side; the
     result is the same as with one. `progress` (display only) is told how far the check got: (events
     fed, events recorded, simulated time), by this process's share where there are several."""
@@ -374,6 +374,8 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
                             f"parameters changed in between ({len(run['earlier_configs'])} earlier one(s) in "
                             "run.json): the cores are rebuilt with the last, so decisions made under an earlier "
                             "one may differ")
+    if isinstance(only, str):  # one core's name, not the letters of one
+        only = (only,)
     if only is not None:
         unknown = sorted(set(only) - {c.name for c in cores})
         if unknown or not only:

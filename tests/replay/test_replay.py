@@ -45,6 +45,10 @@ def test_every_recorded_decision_is_reproduced(recorded):
     pending = out.summary["events"].get("plan.pending", 0)
     assert pending > 0 and result.checked["plan.pending"] == pending  # why jobs waited: replayed too
     assert only.ok and only.checked == {"plan.decided": n, "plan.pending": pending}
+    named = verify(d / "events", only="policy")  # one name as a string: that core, not its letters
+    assert named.ok and named.checked == only.checked
+    with pytest.raises(ValueError, match="no core named polcy"):
+        verify(d / "events", only="polcy")
 
 
 def test_a_changed_decision_is_caught_at_its_event(recorded, tmp_path):
