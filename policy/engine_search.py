@@ -265,16 +265,16 @@ class _Search:
             if job.version is None:
                 shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
             else:  # the same round after round while it runs as it is
-                key = (job.version, place, cpg, job.min_g, job.min_c, job.cpg, job.inp, self.fixed_resources,
+                key = (job.version, place, cpg, job.min_g, job.min_c, job.cpg, self.fixed_resources,
                        self.min_cpus_per_gpu, job.privileged)
                 if job.privileged:  # what its guarantee is checked against
                     key += (job.ref, job.request, self._margins_key(job.inp.kind))
                 memo = job.settled_memo
-                if memo is not None and memo[0] == key:
-                    shape = memo[1]
+                if memo is not None and memo[0] is job.inp and memo[1] == key:  # the same input object: its request
+                    shape = memo[2]
                 else:
                     shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
-                    job.settled_memo = (key, shape)
+                    job.settled_memo = (job.inp, key, shape)
         else:
             shape = self._settle_shape(job, tuple(g_on.values()), chosen)
         if shape is None:

@@ -1167,7 +1167,7 @@ def test_what_a_record_keeps_of_settling_its_own_allocation_is_what_settling_it_
                 seen["kept"] += 1
                 job.settled_memo = None
                 assert real(self, job, old) == answer, job.id
-                assert job.settled_memo is not None and job.settled_memo[1] == memo[1], job.id
+                assert job.settled_memo is not None and job.settled_memo[2] == memo[2], job.id
         return answer
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_settled", checked)
