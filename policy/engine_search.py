@@ -223,17 +223,21 @@ class _Search:
         self._trim(jr, job, best.placement)
         if not self._alloc_cpus(jr, job):
             return False
-        best = self.book.best(job.inp.kind, best.placement, self._cpg_of(job))
-        if job.privileged:
-            best = self._guarded(job, best)
-            if not self._meets(job, best):
-                return False
-        if best.plan is None:
-            return False
-        if not self._alloc_mem(jr, job, best):
+        best = self._last_best(job, best.placement, self._cpg_of(job))
+        if best is None or not self._alloc_mem(jr, job, best):
             return False
         jr.attr(job, "best", best)
         return True
+
+    def _last_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
+        """The plan `_settle` ends on once the CPUs are given: the best on `placement` at `cpus_per_gpu`, guarded for a
+        guarantee; None where no plan runs there or the guarantee is not met."""
+        best = self.book.best(job.inp.kind, placement, cpus_per_gpu)
+        if job.privileged:
+            best = self._guarded(job, best)
+            if not self._meets(job, best):
+                return None
+        return None if best.plan is None else best
 
     def _may_gather(self, job: _Job, floor: tuple[float, float]) -> bool:
         """Whether an attempt's search may find a GPU for the job: one free, or one it may take from a job below
@@ -308,12 +312,8 @@ class _Search:
         want, floor = self._cpu_want(job, best.placement, gpus)
         if want < floor:
             return None
-        best = self.book.best(job.inp.kind, best.placement, want if want > 1 else 1)
-        if job.privileged:
-            best = self._guarded(job, best)
-            if not self._meets(job, best):
-                return None
-        if best.plan is None:
+        best = self._last_best(job, best.placement, want if want > 1 else 1)
+        if best is None:
             return None
         per_node, asked = self._mem_want(job, best, len(place))
         return want, best, per_node, asked
