@@ -11,6 +11,9 @@ from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
 from .records import EPS, _Job, _Journal, _Order
 
+_UNSET = object()
+"""a shape not worked out (`_Search._settle_entry`)"""
+
 
 class _Search:
     """Part of `RubickEngine`: one job's attempt (ScheduleJob) and the restart rule."""
@@ -136,6 +139,14 @@ class _Search:
             return True
         touched = [job, *victims.values()]
         gathered = job.g
+        if (victims and job.inp.running and before[0] and gathered >= max(1, job.min_g)
+                and self._refused_on(job, job.g_on, before[2])):
+            # what it gathered (GPUs of other jobs among them) settles on a plan whose gain does not pay even one
+            # restart: the restart rule below would refuse the change; undone as it would be, without settling
+            self._undo(jr, touched, mark)
+            self._free_list, self._free_any = free_before
+            self.why[job.id] = "held"
+            return True
         if gathered < max(1, job.min_g) or not self._settle(jr, job):
             self._undo(jr, touched, mark)
             self._free_list, self._free_any = free_before
@@ -244,43 +255,27 @@ class _Search:
         `floor` (any, under its minimum). When it may not, every node would be passed over."""
         return job.g < job.min_g or self._any_free() or self._beats(job, floor)
 
-    def _settled(self, job: _Job, old: Best | None, chosen: Best | None = None,
+    def _settled(self, job: _Job, old: Best | None, shape: tuple | None = None,
                  g_on: dict[str, int] | None = None) -> bool:
         """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing), or on `g_on` (what
-        `_trim` keeps of a larger allocation, `_settles_back`), would give back nothing more, find the CPUs its plan
-        wants on every node (those it holds there, and free ones) and the memory it needs, and end with at least its
-        minimum of GPUs on a plan whose gain over `old` (its best as the attempt began) does not pay one restart:
-        the restart rule (`_worth_it`, with nothing shrunk) would then refuse the change, and the attempt be undone
-        whole. Read without writing anything; each check is `_settle`'s own, and a case it does not answer for sure
-        (a trim, CPUs to take from another job) is left to `_settle` itself. `chosen`: the best plan `_settle` found
-        first, already guarded, where it looked at a larger allocation (`_settles_back`, which gives `g_on` with it).
+        `_trim` keeps of a larger allocation, `_refused_on`, which gives its `shape` with it), would give back nothing
+        more, find the CPUs its plan wants on every node (those it holds there, and free ones) and the memory it
+        needs, and end with at least its minimum of GPUs on a plan whose gain over `old` (its best as the attempt
+        began) does not pay one restart: the restart rule (`_worth_it`) would then refuse the change, and the attempt
+        be undone whole. Read without writing anything; each check is `_settle`'s own, and a case it does not answer
+        for sure (a trim, CPUs to take from another job) is left to `_settle` itself.
 
-        What it reads of the plan book (`_settle_shape`) depends only on the placement, the CPUs per GPU, the job's
-        request and minimum and its model's version (and, for a guarantee, its reference and the type's margins): on
-        its own allocation, a job keeps it in its record (`settled_memo`) and asks it again only when one of those
-        changed. What the other jobs leave free (CPUs, memory) and the restart rule (the iterations left) are read
-        every time."""
+        What it reads of the plan book (`_settle_memo`) depends only on the placement, the CPUs per GPU, the job's
+        request and minimum and its model's version (and, for a guarantee, its reference and the type's margins): a
+        job keeps it in its record. What the other jobs leave free (CPUs, memory) and the restart rule (the
+        iterations left) are read every time."""
         if old is None or old.throughput <= 0 or not job.c_on:
             return False
         if g_on is None:
             g_on = job.g_on
-            place = tuple(g_on.values())
-            cpg = max(self._cpg_of(job), job.cpg)
-            if job.version is None:
-                shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
-            else:  # the same round after round while it runs as it is
-                key = (job.version, place, cpg, job.min_g, job.min_c, job.cpg, self.fixed_resources,
-                       self.min_cpus_per_gpu, job.privileged)
-                if job.privileged:  # what its guarantee is checked against
-                    key += (job.ref, job.request, self._margins_key(job.inp.kind))
-                memo = job.settled_memo
-                if memo is not None and memo[0] is job.inp and memo[1] == key:  # the same input object: its request
-                    shape = memo[2]
-                else:
-                    shape = self._settle_shape(job, place, self._first_best(job, place, cpg))
-                    job.settled_memo = (job.inp, key, shape)
-        else:
-            shape = self._settle_shape(job, tuple(g_on.values()), chosen)
+            _, trims, shape = self._settle_memo(job, tuple(g_on.values()), max(self._cpg_of(job), job.cpg), True)
+            if trims:
+                return False  # a plan on fewer GPUs: `_trim` would give some back
         if shape is None:
             return False
         want, best, per_node, asked = shape
@@ -297,22 +292,57 @@ class _Search:
                 return False
         return True
 
-    def _settle_shape(self, job: _Job, place: tuple[int, ...], best: Best | None) -> tuple | None:
-        """What `_settled` reads of the plan book for an allocation of GPUs `place` on which `best` (guarded for a
-        guarantee; None: nothing settles) is the first plan `_settle` finds: (the CPUs per GPU it wants, the plan it
-        would end on, the host memory per node and the requested memory per GPU it would ask for); None where
-        `_settle` would not end there for sure (a trim, under the minimum, no plan, a guarantee missed)."""
+    def _settle_memo(self, job: _Job, place: tuple[int, ...], cpus_per_gpu: int, whole: bool = False) -> list:
+        """What settling an allocation of GPUs `place` (in any order) at `cpus_per_gpu` reads of the plan book
+        (`_settle_entry`), kept in the job's record (`settled_memo`) under the placement and CPUs per GPU while its
+        input, model version, minimum, CPUs per GPU and flag of a guarantee (with its reference, request plan and the
+        type's margins) are what they were: a running job asks it round after round, of its own allocation and of
+        the larger ones its searches gather. `whole`: the shape is wanted only where `_trim` would give nothing back
+        (and is not worked out where it would)."""
+        if job.version is None:
+            return self._settle_entry(job, place, cpus_per_gpu, whole)
+        key = (job.version, job.min_g, job.min_c, job.cpg, self.fixed_resources, self.min_cpus_per_gpu, job.privileged)
+        if job.privileged:  # what its guarantee is checked against
+            key += (job.ref, job.request, self._margins_key(job.inp.kind))
+        memo = job.settled_memo
+        if memo is None or memo[0] is not job.inp or memo[1] != key or len(memo[2]) >= 64:  # the input: its request
+            memo = job.settled_memo = (job.inp, key, {})
+        entry = memo[2].get((place, cpus_per_gpu))
+        if entry is None:
+            entry = memo[2][(place, cpus_per_gpu)] = self._settle_entry(job, place, cpus_per_gpu, whole)
+        elif entry[2] is _UNSET and not (whole and entry[1]):
+            entry[2] = self._kept_shape(job, entry[0], place)
+        return entry
+
+    def _settle_entry(self, job: _Job, place: tuple[int, ...], cpus_per_gpu: int, whole: bool = False) -> list:
+        """[The first plan `_settle` finds on `place` at `cpus_per_gpu`, guarded for a guarantee (None: nothing
+        settles); whether `_trim` gives GPUs back; `_kept_shape` (`_UNSET` where `whole` and `_trim` gives some
+        back)]."""
+        best = self._first_best(job, place, cpus_per_gpu)
         if best is None:
-            return None
-        if best.placement != canonical(place):
-            return None  # a plan on fewer GPUs: `_trim` would give some back
+            return [None, False, None]
+        trims = best.placement != canonical(place)
+        return [best, trims, _UNSET if whole and trims else self._kept_shape(job, best, place)]
+
+    def _kept_shape(self, job: _Job, best: Best, place: tuple[int, ...]) -> tuple | None:
+        """`_settle_shape` of what `_trim` keeps of `place` for `best`; None where that is not the plan's placement."""
+        uses = best.placement
+        kept = canonical(tuple(g if g <= u else u for g, u in zip(canonical(place), uses)))  # `_trim`'s, by size
+        return self._settle_shape(job, best) if kept == uses else None
+
+    def _settle_shape(self, job: _Job, best: Best) -> tuple | None:
+        """What `_settled` reads of the plan book for the allocation `_trim` keeps for `best` (the first plan
+        `_settle` finds, guarded for a guarantee), of GPUs placed as its placement: (the CPUs per GPU it wants, the
+        plan it would end on, the host memory per node and the requested memory per GPU it would ask for); None
+        where `_settle` would not end there for sure (under the minimum, a guarantee missed)."""
+        place = best.placement
         gpus = sum(place)
         if gpus < job.min_g:
             return None  # under its minimum the restart rule is not asked: the change is kept
-        want, floor = self._cpu_want(job, best.placement, gpus)
+        want, floor = self._cpu_want(job, place, gpus)
         if want < floor:
             return None
-        best = self._last_best(job, best.placement, want if want > 1 else 1)
+        best = self._last_best(job, place, want if want > 1 else 1)
         if best is None:
             return None
         per_node, asked = self._mem_want(job, best, len(place))
@@ -367,13 +397,21 @@ class _Search:
         g_on = dict(job.g_on)
         for node, take in taken.items():
             g_on[node] = g_on.get(node, 0) + take
-        c_on, low = job.c_on, None  # `_cpg_of` over the larger allocation (no CPUs yet on the nodes taken)
+        return self._refused_on(job, g_on, old)
+
+    def _refused_on(self, job: _Job, g_on: dict[str, int], old: Best | None) -> bool:
+        """Whether `_settle` on the allocation `g_on` (node -> GPUs; the job holds CPUs only on the nodes it held
+        before the attempt) would end in the restart rule refusing the change, read without writing anything: the
+        best plan within it, on what `_trim` keeps of it, finds CPUs and memory there without taking any from another
+        job, and its gain over `old` does not pay one restart (`_settled`). One restart is the fewest the change
+        costs: a change that shrinks running jobs costs more, so the rule refuses it too."""
+        c_on, low = job.c_on, None  # `_cpg_of` over the allocation (no CPUs yet on the nodes it gathered)
         for node, g in g_on.items():
             r = c_on.get(node, 0) // g
             if low is None or r < low:
                 low = r
         cpg = (job.cpg if low is None else (low if low > 1 else 1)) if c_on else job.cpg
-        best = self._first_best(job, tuple(g_on.values()), max(cpg, job.cpg))
+        best, _, shape = self._settle_memo(job, tuple(g_on.values()), max(cpg, job.cpg))
         if best is None:
             return False
         kept: dict[str, int] = {}  # `_trim`: the i-th node by GPUs keeps the i-th of the plan's placement
@@ -382,7 +420,7 @@ class _Search:
             g = g_on[node] if g_on[node] <= keep else keep
             if g > 0:
                 kept[node] = g
-        return self._settled(job, old, best, kept)
+        return self._settled(job, old, shape, kept)
 
     def _first_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
         """`_settle`'s first look at an allocation: the best plan on it or on a trim of it, guarded for a guarantee;

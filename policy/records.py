@@ -156,8 +156,9 @@ class _Job:
     cpu_memo: tuple | None = None
     """(GPUs per node, CPUs per GPU, `version`, reference, slope) of the last `RubickEngine._cpu_slope_up` worked out"""
     settled_memo: tuple | None = None
-    """(the input, what else it was read at, `_Search._settle_shape`) of the last allocation of its own
-    `_Search._settled` looked at: a running job that may gather nothing asks it round after round"""
+    """(the input, what else it was read at, {(GPUs per node, CPUs per GPU): `_Search._settle_entry`}): what settling
+    an allocation reads of the plan book, for its own allocation (a running job that may gather nothing asks it round
+    after round) and the larger ones its searches gathered (`_Search._refused_on`)"""
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""

@@ -18,7 +18,7 @@ from controlplane.events.payloads import JobControl, NodeLost
 from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
-from policy import engine_index, records
+from policy import engine_index, engine_search, records
 from policy.oracle import from_modeler
 from policy.registry import make_policy
 
@@ -362,9 +362,9 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     real = engine_mod.RubickEngine._settled
     seen = {"settled": 0, "not": 0}
 
-    def checked(self, job, old, chosen=None, g_on=None):
-        answer = real(self, job, old, chosen, g_on)
-        if chosen is not None:  # after free GPUs taken (`_settles_back`, the test below)
+    def checked(self, job, old, shape=None, g_on=None):
+        answer = real(self, job, old, shape, g_on)
+        if g_on is not None:  # after free GPUs taken (`_settles_back`, the test below)
             return answer
         seen["settled" if answer else "not"] += 1
         if answer:
@@ -380,7 +380,7 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     shortcut, core = drive(seed, mem_gb=mem_gb)
     assert seen["settled"] > 50 and seen[shows] > 0, seen
 
-    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old, chosen=None, g_on=None: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old, shape=None, g_on=None: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "_may_gather", lambda self, job, floor: True)
     settled_each_time, _ = drive(seed, mem_gb=mem_gb)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
@@ -1149,36 +1149,71 @@ def test_a_size_in_time_kept_through_a_round_is_the_one_worked_out_afresh(monkey
 
 
 @pytest.mark.parametrize("seed,cpus", [(1, 96), (2, 12)])
-def test_what_a_record_keeps_of_settling_its_own_allocation_is_what_settling_it_afresh_reads(monkeypatch, seed, cpus):
-    """A running job that may gather no GPU is answered by `_settled` on its allocation as it is, round after round;
-    its record keeps what that reads of the plan book (`settled_memo`) while the placement, CPUs per GPU, request,
-    minimum and model version are the same. Every answer given from the record must be the one worked out afresh at
-    that moment, and the run must publish what a run that keeps nothing publishes. With 12 CPUs a node, jobs hold
-    fewer CPUs than their plans want and the CPUs per GPU change from round to round."""
-    real = engine_mod.RubickEngine._settled
-    seen = {"kept": 0, "asked": 0}
+def test_what_a_record_keeps_of_settling_an_allocation_is_what_settling_it_afresh_reads(monkeypatch, seed, cpus):
+    """A running job asks what settling an allocation reads of the plan book (`_settle_memo`) round after round: of
+    its allocation as it is (`_settled`), and of the larger ones its searches gather (`_refused_on`). Its record keeps
+    the answers while its input, minimum, CPUs per GPU and model version are the same. Every answer given from the
+    record must be the one worked out afresh at that moment, both kinds must be answered from it, and the run must
+    publish what a run that keeps nothing publishes. With 12 CPUs a node, jobs hold fewer CPUs than their plans want
+    and the CPUs per GPU change from round to round."""
+    real = engine_mod.RubickEngine._settle_memo
+    seen = {"own": 0, "gathered": 0, "asked": 0}
 
-    def checked(self, job, old, chosen=None, g_on=None):
+    def checked(self, job, place, cpus_per_gpu, whole=False):
         memo = job.settled_memo
-        answer = real(self, job, old, chosen, g_on)
-        if chosen is None and g_on is None:
-            seen["asked"] += 1
-            if memo is not None and job.settled_memo is memo:  # answered from the record
-                seen["kept"] += 1
-                job.settled_memo = None
-                assert real(self, job, old) == answer, job.id
-                assert job.settled_memo is not None and job.settled_memo[2] == memo[2], job.id
+        kept = memo is not None and (place, cpus_per_gpu) in memo[2]
+        answer = real(self, job, place, cpus_per_gpu, whole)
+        seen["asked"] += 1
+        if kept and job.settled_memo is memo:  # answered from the record
+            seen["own" if place == tuple(job.g_on.values()) else "gathered"] += 1
+            fresh = self._settle_entry(job, place, cpus_per_gpu)  # the shape worked out even where `_trim` gives back
+            assert answer[:2] == fresh[:2], job.id
+            if not (whole and answer[1]) or answer[2] is not engine_search._UNSET:  # left out only where not wanted
+                assert answer[2] == fresh[2], job.id
         return answer
 
-    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", checked)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settle_memo", checked)
     kept, _ = drive(seed, cpus=cpus)
-    assert seen["kept"] > 100 and seen["kept"] < seen["asked"], seen
+    assert seen["own"] > 100 and seen["gathered"] > 2 and seen["own"] + seen["gathered"] < seen["asked"], seen
 
-    def afresh(self, job, old, chosen=None, g_on=None):
-        job.settled_memo = None
-        return real(self, job, old, chosen, g_on)
-
-    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", afresh)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settle_memo", engine_mod.RubickEngine._settle_entry)
     none_kept, _ = drive(seed, cpus=cpus)
     assert sum(b"plan.decided" in b for b in kept) >= 10
     assert kept == none_kept
+
+
+@pytest.mark.parametrize("seed,cpus,mem_gb", [(1, 96, 1600.0), (2, 12, 1600.0), (3, 96, 20.0)])
+def test_an_attempt_that_shrinks_jobs_for_a_change_the_restart_rule_refuses_is_undone_without_settling(
+        monkeypatch, seed, cpus, mem_gb):
+    """A running job's search that gathered GPUs, some of other jobs, is undone without settling where settling
+    them would end on a plan whose gain does not pay one restart (`_refused_on`): each time it says so, settling
+    succeeds, takes CPUs from no other job, and the restart rule refuses the change even at one restart (a change that
+    shrinks running jobs costs more). Where it says no, the attempt goes the long way. The events published are those
+    of a core that settles every such attempt. With 12 CPUs a node, plans want CPUs other jobs hold; with 20 GB, host
+    memory that is not there."""
+    real = engine_mod.RubickEngine._refused_on
+    seen = {"refused": 0, "not": 0}
+
+    def checked(self, job, g_on, old):
+        answer = real(self, job, g_on, old)
+        if g_on is not job.g_on:  # free GPUs it would take (`_settles_back`)
+            return answer
+        seen["refused" if answer else "not"] += 1
+        if answer:
+            forced = {j.id: j.forced for j in self.jobs.values()}
+            jr = records._Journal()
+            assert self._settle(jr, job)
+            assert job.g >= job.min_g and not self._worth_it(job, old, {})
+            assert {j.id: j.forced for j in self.jobs.values()} == forced
+            self._undo(jr, [job])
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_refused_on", checked)
+    shortcut, _ = drive(seed, cpus=cpus, mem_gb=mem_gb)
+    assert seen["refused"] > 10 and seen["not"] > 0, seen
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_refused_on",
+                        lambda self, job, g_on, old: False if g_on is job.g_on else real(self, job, g_on, old))
+    settled_each_time, _ = drive(seed, cpus=cpus, mem_gb=mem_gb)
+    assert sum(b"plan.decided" in b for b in shortcut) >= 10
+    assert shortcut == settled_each_time
