@@ -1160,12 +1160,12 @@ def test_what_a_record_keeps_of_settling_an_allocation_is_what_settling_it_afres
     seen = {"own": 0, "gathered": 0, "asked": 0}
 
     def checked(self, job, place, cpus_per_gpu, whole=False):
+        seen["asked"] += 1
         memo = job.settled_memo
         kept = memo is not None and (place, cpus_per_gpu) in memo[2]
         answer = real(self, job, place, cpus_per_gpu, whole)
-        seen["asked"] += 1
         if kept and job.settled_memo is memo:  # answered from the record
-            seen["own" if place == tuple(job.g_on.values()) else "gathered"] += 1
+            seen["own" if whole else "gathered"] += 1  # `_settled` on its allocation as it is, or `_refused_on`
             fresh = self._settle_entry(job, place, cpus_per_gpu)  # the shape worked out even where `_trim` gives back
             assert answer[:2] == fresh[:2], job.id
             if not (whole and answer[1]) or answer[2] is not engine_search._UNSET:  # left out only where not wanted
@@ -1174,7 +1174,7 @@ def test_what_a_record_keeps_of_settling_an_allocation_is_what_settling_it_afres
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_settle_memo", checked)
     kept, _ = drive(seed, cpus=cpus)
-    assert seen["own"] > 100 and seen["gathered"] > 2 and seen["own"] + seen["gathered"] < seen["asked"], seen
+    assert seen["own"] > 100 and seen["gathered"] > 10 and seen["own"] + seen["gathered"] < seen["asked"], seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_settle_memo", engine_mod.RubickEngine._settle_entry)
     none_kept, _ = drive(seed, cpus=cpus)
