@@ -351,6 +351,17 @@ def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, see
     assert skipping == every
 
 
+def _settles_refused(engine, job, old) -> None:
+    """Settle the job's allocation as it is after all: it succeeds, takes CPUs from no job, and the restart rule
+    refuses the change even at one restart; then undo it."""
+    forced = {j.id: j.forced for j in engine.jobs.values()}
+    jr = records._Journal()
+    assert engine._settle(jr, job)
+    assert job.g >= job.min_g and not engine._worth_it(job, old, {})
+    assert {j.id: j.forced for j in engine.jobs.values()} == forced
+    engine._undo(jr, [job])
+
+
 @pytest.mark.parametrize("seed,mem_gb,shows", [(1, 1600.0, "settled"), (2, 20.0, "not")])
 def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch, seed, mem_gb, shows):
     """An attempt of a running job that finds no GPU to add (nothing free, no job below it) is answered by
@@ -368,12 +379,7 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
             return answer
         seen["settled" if answer else "not"] += 1
         if answer:
-            forced = {j.id: j.forced for j in self.jobs.values()}
-            jr = records._Journal()
-            assert self._settle(jr, job)
-            assert job.g >= job.min_g and not self._worth_it(job, old, {})
-            assert {j.id: j.forced for j in self.jobs.values()} == forced
-            self._undo(jr, [job])
+            _settles_refused(self, job, old)
         return answer
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_settled", checked)
@@ -1200,12 +1206,7 @@ def test_an_attempt_that_shrinks_jobs_for_a_change_the_restart_rule_refuses_is_u
             return answer
         seen["refused" if answer else "not"] += 1
         if answer:
-            forced = {j.id: j.forced for j in self.jobs.values()}
-            jr = records._Journal()
-            assert self._settle(jr, job)
-            assert job.g >= job.min_g and not self._worth_it(job, old, {})
-            assert {j.id: j.forced for j in self.jobs.values()} == forced
-            self._undo(jr, [job])
+            _settles_refused(self, job, old)
         return answer
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_refused_on", checked)
