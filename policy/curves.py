@@ -18,7 +18,7 @@ Throughputs are samples per second. Pure code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -47,11 +47,20 @@ class JobKind:
     never enumerated (None: no limit)."""
 
     def plans(self, placement: tuple[int, ...]) -> tuple[Plan, ...]:
-        plans = enumerate_plans(self.model, self.global_batch, placement, self.families)
-        if self.template is not None:
-            plans = restrict(plans, self.template, scale_dp=self.scale_dp)
-        if self.support is not None:
-            plans = tuple(p for p in plans if self.support.refusal(p) is None)
+        """The plans of this kind on `placement`, kept per placement in the kind (at most `_PLANS_KEPT`): a search
+        asks for the plans of every trim of the allocations it gathers, the same ones round after round."""
+        held = self.__dict__.get("_plans")
+        if held is None:
+            held = self.__dict__["_plans"] = {}  # not a field: equality and hashing read only the fields
+        plans = held.get(placement)
+        if plans is None:
+            plans = enumerate_plans(self.model, self.global_batch, placement, self.families)
+            if self.template is not None:
+                plans = restrict(plans, self.template, scale_dp=self.scale_dp)
+            if self.support is not None:
+                plans = tuple(p for p in plans if self.support.refusal(p) is None)
+            if len(held) < _PLANS_KEPT:
+                held[placement] = plans
         return plans
 
     @cached_property
@@ -79,6 +88,8 @@ class Best:
 
 NONE = Best(0.0, None, ())
 _MISSING = object()
+_PLANS_KEPT = 1 << 14
+"""placements whose plans a kind keeps (`JobKind.plans`)"""
 
 
 def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:
@@ -103,14 +114,19 @@ def request_placements(gpus: int, node_gpus: int) -> list[tuple[int, ...]]:
 
 def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:
     """`placement` and the placements left by taking GPUs one at a time off its smallest nodes."""
-    cur = list(canonical(placement))
+    return list(_trims(canonical(placement)))
+
+
+@lru_cache(maxsize=1 << 14)
+def _trims(place: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    cur = list(place)
     out = [tuple(cur)]
     while sum(cur) > 1:
         cur[-1] -= 1
         if cur[-1] == 0:
             cur.pop()
         out.append(tuple(cur))
-    return out
+    return tuple(out)
 
 
 @dataclass
@@ -190,8 +206,9 @@ class PlanBook:
                 held = plans_of[place] = [
                     plans, [(i, p) for i, p in enumerate(plans) if not p.offload] if shared else [],
                     [(i, p) for i, p in enumerate(plans) if p.offload] if shared else list(enumerate(plans)), -1]
-            if not held[0]:  # no plan: nothing to ask, and settled only at the CPU count asked
-                known[(vkey, place, cpg)] = NONE
+            if not held[0]:  # no plan: nothing to ask, and none at any CPU count either
+                for c in every if every is not None else (cpg,):
+                    known[(vkey, place, c)] = NONE
                 continue
             for c in every if every is not None else (cpg,):
                 if (vkey, place, c) in known or (place, c) in queued:
@@ -230,7 +247,7 @@ class PlanBook:
 
     def _best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         top = NONE
-        options = trims(tuple(placement))  # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already
+        options = _trims(canonical(placement))  # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already
         vkey, known = self._key(kind), self._best
         keys = [(vkey, place, cpus_per_gpu) for place in options]
         if not all(k in known for k in keys):  # most trims are known: only a new one needs the fill

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from modeler.service import make_core
+from controlplane.events import Plan
 from policy.curves import JobKind, PlanBook, packed, trims
+from policy.plans import enumerate_plans, restrict
 from policy.oracle import ModelOracle, from_modeler
 
 MODELER = make_core()
@@ -148,3 +150,23 @@ def test_placements_without_plans_cost_no_question_and_the_best_within_a_placeme
             assert (found.plan, found.placement) == best[1:], (place, cpg)
             assert found.plan is not None
     assert counting.asked > 0
+
+
+@pytest.mark.parametrize("template", [None, Plan(dp=4, zero_stage=2), Plan(dp=4, pp=2, micro_batches=4)])
+def test_the_plans_a_kind_keeps_per_placement_are_those_it_would_enumerate_again(template):
+    """A kind keeps the plans of each placement it was asked about (a search asks for those of every trim of the
+    allocations it gathers, round after round): asked again, it gives what enumerating them afresh gives."""
+    _, models = from_modeler(MODELER)
+    model = models["gpt2"]
+    kind = JobKind(model, model.spec.global_batch_size, template=template)
+    places = sorted({t for g in (1, 3, 4, 8, 12, 16, 31) for t in trims(packed(g, 8))} | {(4, 4), (6, 6), (2, 2, 2, 2)})
+    for _ in range(2):
+        for place in places:
+            plans = enumerate_plans(model, kind.global_batch, place, kind.families)
+            if template is not None:
+                plans = restrict(plans, template, scale_dp=True)
+            assert kind.plans(place) == plans, place
+    assert any(kind.plans(p) for p in places) and any(not kind.plans(p) for p in places)
+    assert kind.__dict__["_plans"].keys() == set(places)
+    assert kind == JobKind(model, model.spec.global_batch_size, template=template)  # what it keeps is not a field
+    assert hash(kind) == hash(JobKind(model, model.spec.global_batch_size, template=template))
