@@ -202,7 +202,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             self.jobs: dict[str, _Job] = {}
             for record in was.values():
                 record.sleeping = False
-            self._sleeping, self._unplain, self._sleep_kinds = {}, {}, {}
+            self._sleeping, self._unplain, self._sleep_kinds, self._quota_sleepers = {}, {}, {}, {}
             prior = was
             candidates = ((inp.job_id, inp) for inp in given)
         else:
@@ -249,7 +249,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             self.held = {inp.job_id for *_, inp, _ in to_make if inp.running and inp.current and inp.changed_s < hold}
         unplain = list(self._unplain.values())
         """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
-        for *_, inp, record in to_make:
+        for *_, inp, record in to_make:  # `_make_awake`, written out: every job awake, every round
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
             if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
@@ -257,7 +257,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
                 self._tables(job)
         self._place_current()
         self._index_all()
-        self._privileged()
+        if self._privileged():  # sleepers outside their quota woken: out of the sleepers' lists
+            unplain = [j for j in unplain if j.sleeping]
+            fell_asleep = [j for j in fell_asleep if j.sleeping]
         queue = self._sort_by_slope()
         self._list_sleepers(fell_asleep, len(self._sleeping))
         self._kept = 0
@@ -280,6 +282,16 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._ended = True
         return out
 
+    def _make_awake(self, inp: JobIn, prepared: dict, record: _Job | None) -> _Job:
+        """The job's record made for this round (`_prepare`), awake (`_awake`): a guarantee without the slack to
+        give GPUs back asks for its minimum only (`_room_to_give_back`)."""
+        job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
+        self._awake.append(job)
+        if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
+            job.want_g = max(1, job.min_g)
+            self._tables(job)
+        return job
+
     def _fall_asleep(self, job: _Job, kind: JobKind, version: tuple) -> None:
         """Keep a record asleep this round (`_sleeping`), listed under its kind at its model's version, and among
         those whose outcome is made again while its last one is not the plain one."""
@@ -290,6 +302,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._sleep_kinds.setdefault(id(kind), (kind, version, set()))[2].add(job.id)
         if not job.idle_plain:
             self._unplain[job.id] = job
+        if job.inp.guaranteed:  # outside its quota (`_asleep`): looked at again every round (`_wake_in_quota`)
+            self._quota_sleepers[job.id] = job
 
     def _fall_awake(self, job: _Job) -> None:
         """A sleeper of the last round looked at again: out of the sleepers until it is found asleep again. Its key
@@ -298,6 +312,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         job.sleeping = False
         del self._sleeping[job.id]
         self._unplain.pop(job.id, None)
+        self._quota_sleepers.pop(job.id, None)
         group = self._sleep_kinds.get(id(job.inp.kind))
         if group is not None:
             group[2].discard(job.id)
@@ -313,12 +328,21 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         refitted), and its attempt reads nothing that follows the clock: a best-effort job holding nothing and asking
         for no minimum, whose input is the same object, and which the last round left as it found it. Such a job
         (most of a long queue) is not made again, not sorted again (`_sleepers`), and not tried while the search
-        would fail at once (`_wake`)."""
+        would fail at once (`_wake`).
+
+        So is a guaranteed job the last round ran as best-effort outside its quota (`_privileged`), holding nothing,
+        with the detail that says so and nothing else written: what the round makes of it depends also on its
+        tenant's quota and what it has used, its type's margins and the clock (`_room_to_give_back`), which
+        `_wake_in_quota` reads again every round before the guarantees are placed, waking it where any would differ."""
         inp = job.inp
-        if inp.guaranteed or inp.current or inp.running or job.g or job.g_on or job.c_on or job.mem_on or job.min_g:
+        if inp.current or inp.running or job.g or job.g_on or job.c_on or job.mem_on or job.min_g:
             return False
-        return not (job.best is not None or job.reason or job.detail or job.privileged or job.forced
-                    or job.placed is not None)
+        if job.best is not None or job.reason or job.privileged or job.forced or job.placed is not None:
+            return False
+        if inp.guaranteed:
+            return (not self.fixed_resources and not job.min_c and job.detail is not None
+                    and job.detail is job.quota_detail)
+        return not job.detail
 
     def _list_sleepers(self, fell_asleep: list[_Job], asleep: int) -> None:
         """`_sleepers`: the queue keys (`_sort_by_slope`) of this round's sleeping jobs, lowest first: last round's

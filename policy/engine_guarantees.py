@@ -8,13 +8,20 @@ from .plans import canonical
 from .records import _Job, _Journal
 
 
+def _made_order(job: _Job) -> tuple:
+    """The order a round makes its records in (`RubickEngine._round`): priority, highest first, then submission."""
+    inp = job.inp
+    return (-inp.priority, inp.order, job.id)
+
+
 class _Guarantees:
     """Part of `RubickEngine`: its guaranteed jobs and quotas (it reads the round's state the engine keeps)."""
 
-    def _privileged(self) -> None:
+    def _privileged(self) -> bool:
         """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
         guaranteed job that meets its guarantee keeps it; one that does not (it ran over quota
-        before, or its placement is too fragmented) is placed again as a privileged job."""
+        before, or its placement is too fragmented) is placed again as a privileged job. True where
+        sleepers outside their quota were woken (`_wake_in_quota`)."""
         used: dict[str, int] = {}
         retry: set[str] = set()  # ids: a job is no other's equal, and comparing dataclasses field by field is slow
         for job in self._awake:
@@ -29,6 +36,7 @@ class _Guarantees:
                 self._reindex(job)
             else:
                 retry.add(job.id)
+        woken = bool(self._quota_sleepers) and self._wake_in_quota(used)
         for job in self._awake:
             if not job.inp.guaranteed or (job.g and job.id not in retry):
                 continue
@@ -63,6 +71,34 @@ class _Guarantees:
             if job.inp.guaranteed and not job.privileged:
                 self._best_effort(job)
         self._quota_used = used
+        return woken
+
+    def _wake_in_quota(self, used: dict[str, int]) -> bool:
+        """Wake the sleepers outside their quota (`_asleep`) that this round might make otherwise; True where any
+        woke. A sleeper stays asleep while its tenant's quota, less what the running guarantees kept use
+        (`used`, which the rest of the round only adds to), is still under the minimum its guarantee asks, the quota
+        is still there or still not, its type's margins are the same, and the GPUs it asks for are the same
+        (`_room_to_give_back`, which follows the clock). The others are made again (`_make_awake`) and take their
+        places among the jobs awake, in the order those were made in (priority, then submission): the guarantees'
+        order, which spends the quotas."""
+        prepared, woken = self._prepared, []
+        for job in self._quota_sleepers.values():
+            held = prepared[job.id]
+            want, least = held[7][3], held[7][4]  # what its request means as a guarantee (`_demand`)
+            if least < 1:
+                least = 1
+            if (self._quota_left(job, used) >= held[7][4]
+                    or job.detail["quota"] != ("exceeded" if self._quota(job) else "none")
+                    or held[6] != self._margins_key(job.inp.kind)
+                    or job.want_g != (want if want <= least or self._room_to_give_back(job, want) else least)):
+                woken.append(job)
+        if not woken:
+            return False
+        for job in woken:
+            self._fall_awake(job)
+            self._make_awake(job.inp, prepared, job)
+        self._awake.sort(key=_made_order)
+        return True
 
     def _repack(self, job: _Job) -> bool:
         """A guarantee that no placement meets because other guarantees hold a few GPUs on each of

@@ -529,15 +529,16 @@ class _NodeIndex:
             hit = self._guarantee_memo[key] = self._meets(v, best) and self._in_time(v, best.throughput)
         return hit
 
-    def _room_to_give_back(self, job: _Job) -> bool:
+    def _room_to_give_back(self, job: _Job, want: int | None = None) -> bool:
         """Whether a guarantee may take GPUs beyond its minimum: only when the speed they give puts
         it at least one restart ahead of its deadline. GPUs it took without that slack could not be
         taken back (a shrink or a move restarts it and makes it late), so they would stay pinned
-        under it until it ends, however much a later guarantee needs their nodes."""
+        under it until it ends, however much a later guarantee needs their nodes. `want`: the GPUs
+        it would take (its `want_g` where None)."""
         inp = job.inp
         if self.fixed_resources or not (math.isfinite(inp.remaining_iters) and math.isfinite(inp.target_iters)):
             return True
-        fast = float(job.curve[min(job.want_g, len(job.curve) - 1)]) * job.ref
+        fast = float(job.curve[min(job.want_g if want is None else want, len(job.curve) - 1)]) * job.ref
         if fast <= 0 or job.ref <= 0:
             return True
         now = self.restart_cost_s if inp.running else 0.0

@@ -124,7 +124,8 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
-             "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0}
+             "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
+             "quota_woken": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -135,6 +136,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     def listed(self, fell_asleep, asleep):
         real_list(self, fell_asleep, asleep)
         calls["asleep"] += asleep
+        calls["quota_asleep"] += len(self._quota_sleepers)  # guarantees outside their quota, kept asleep
         calls["stale"] += sum(not self._current(k, self._round_no) for k in self._sleepers)
 
     def attempt(self, job, jr=None, only=None):
@@ -152,8 +154,11 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 
     def privileged(self):
         before = {j.id: j.quota_detail for j in self._awake}
-        real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
-        calls["quota_kept"] += sum(1 for j in self._awake if before[j.id] is not None and j.detail is before[j.id])
+        asleep = len(self._quota_sleepers)
+        woken = real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
+        calls["quota_kept"] += sum(1 for j in before if before[j] is not None and self.jobs[j].detail is before[j])
+        calls["quota_woken"] += asleep - len(self._quota_sleepers)  # woken: it might be placed in its quota now
+        return woken
 
     real_sort = engine_mod.RubickEngine._sort_by_slope
 
@@ -233,6 +238,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["left_out"] > 100  # and gave no outcome for them: the service kept their last ones
     assert calls["tables"] > 100  # records took their slope tables from their own memo
     assert calls["quota_kept"] > 10  # and guaranteed jobs outside their quota the detail they were last given
+    assert calls["quota_asleep"] > 100  # or were kept asleep as they were
+    assert calls["quota_woken"] > 0  # until their quota, or the clock, might make them otherwise
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
     assert with_memos == without
 
@@ -573,7 +580,8 @@ def test_a_waiting_guarantee_works_its_minimum_out_again_when_its_types_margin_c
         outcomes = engine.schedule(nodes, [holder, waiting])
         fresh = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 8}).engine
         facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
-        assert list(map(facts, outcomes)) == list(map(facts, fresh.schedule(nodes, [holder, waiting])))
+        # by job: the round lists a record kept asleep (a guarantee outside its quota) before those it made
+        assert sorted(map(facts, outcomes)) == sorted(map(facts, fresh.schedule(nodes, [holder, waiting])))
         assert engine.jobs["w"].inp is waiting and not engine.jobs["w"].g  # still waiting, over its tenant's quota
         # what its request means, as the round took it: (CPUs per GPU, reference, curve, wanted, minimum GPUs,
         # minimum CPUs, slope tables, the request as a plan)
@@ -581,6 +589,61 @@ def test_a_waiting_guarantee_works_its_minimum_out_again_when_its_types_margin_c
         assert (demand[:2], demand[3:6], demand[8]) == (expected[:2], expected[3:6], expected[8])
         seen.append(demand[4])
     assert seen == [4, 8, 4]
+
+
+def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_would_make_it_otherwise(monkeypatch):
+    """A waiting guaranteed job its tenant's quota leaves out runs as best-effort; handed the same input, it is kept
+    asleep as it was, round after round, and woken as soon as anything it is made of would make it otherwise: its
+    type's margin (here the oracle's predictions overshot a measured speed), the clock (its deadline comes so near
+    that it may take only its minimum), the quota being taken away or raised (then it is placed within it). Round by
+    round, every outcome is a fresh engine's, handed every input."""
+    oracle, models = from_modeler(MODELER)
+    quotas = {"t0": 2, "t1": 16}
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas=quotas).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
+    holder = engine_mod.JobIn("holder", "t1", False, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                              current_plan=Plan(dp=8), running=True, priority=10, remaining_iters=1e6, changed_s=1e6)
+    waiting = engine_mod.JobIn("w", "t0", True, kind, 1, 8, 32, Plan(dp=8, zero_stage=2, offload=True),
+                               remaining_iters=1000.0, target_iters=1000.0)
+    jobs = {"holder": holder, "w": waiting}
+    woken: list[set] = []
+    real = engine_mod.RubickEngine._wake_in_quota
+
+    def wake(self, used):
+        before = set(self._quota_sleepers)
+        out = real(self, used)
+        woken[-1] |= before - set(self._quota_sleepers)
+        return out
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_wake_in_quota", wake)
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+
+    def round_of(touched):
+        woken.append(set())
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
+        for o in fresh.schedule(nodes, list(jobs.values())):
+            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+        return woken[-1], engine.jobs["w"]
+
+    assert round_of(None)[1].detail == {"quota": "exceeded"}  # its minimum is over the quota: best-effort
+    for _ in range(2):
+        assert round_of(set()) == (set(), engine.jobs["w"]) and "w" in engine._quota_sleepers  # kept asleep
+    want = engine.jobs["w"].want_g
+    oracle.overshoot["gpt2"] = 0.4  # its type's margin grows: its minimum is worked out again
+    assert round_of(set())[0] == {"w"}
+    oracle.overshoot["gpt2"] = 0.0
+    assert round_of(set())[0] == {"w"} and round_of(set())[0] == set()
+    waiting.elapsed_s = 1e7  # its deadline has passed: no room to take more than its minimum
+    woke, record = round_of(set())
+    assert woke == {"w"} and record.want_g < want and round_of(set())[0] == set()
+    engine.quotas = {"t0": 0, "t1": 16}  # no quota at all now: it says so
+    woke, record = round_of(set())
+    assert woke == {"w"} and record.detail == {"quota": "none"}
+    engine.quotas = {"t0": 16, "t1": 16}  # room in its quota: placed as a guarantee
+    woke, record = round_of(set())
+    assert woke == {"w"} and record.privileged and record.g and not engine._quota_sleepers
 
 
 def test_a_running_jobs_outcome_is_given_again_only_while_every_part_of_it_is_the_same():
