@@ -273,8 +273,17 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._wake(at, None)
         self._failed = None
         finish = self._finish
-        out = ([finish(j) for j in self._awake] + [finish(j) for j in self._woken]
-               + [finish(j) for j in unplain if j.woke != now])
+        out = [finish(j) for j in self._awake] + [finish(j) for j in self._woken]
+        for j in unplain:
+            if j.woke == now:
+                continue
+            if not j.inp.guaranteed:
+                out.append(finish(j))
+                continue
+            seen = (self._quota(j), self._quota_used.get(j.inp.tenant, 0))  # a guarantee asleep outside its quota
+            if j.quota_seen is None or j.quota_seen[0] is not j.idle or j.quota_seen[1] != seen:
+                out.append(finish(j))
+                j.quota_seen = (j.idle, seen)
         for job in unplain:
             if job.idle_plain:
                 del self._unplain[job.id]

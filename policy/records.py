@@ -168,6 +168,11 @@ class _Job:
     quota_detail: dict[str, str] | None = None
     """the detail the record was last given for running outside its quota (`_Guarantees._privileged`): given again
     while it says the same, so its outcome may be the last round's object"""
+    quota_seen: tuple | None = None
+    """(the outcome, (its tenant's quota, what the round used of it)) a guarantee asleep outside its quota, not tried,
+    last gave (`RubickEngine._round`). That is all of it a round can change while it sleeps (its pending reason says
+    both): while its last outcome is that object and neither moved, `_finish` would give it again, and the round
+    leaves it out"""
     touched: bool = False
     """whether a journal wrote one of its attributes since `_place_current` placed it (`_Journal.attr`): while not,
     it holds what it was placed on, and `placed` says what that is"""

@@ -619,17 +619,21 @@ def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_w
     monkeypatch.setattr(engine_mod.RubickEngine, "_wake_in_quota", wake)
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
 
+    given = []
+
     def round_of(touched):
         woken.append(set())
         out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        given.append("w" in out)
         fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
-        for o in fresh.schedule(nodes, list(jobs.values())):
+        for o in fresh.schedule(nodes, list(jobs.values())):  # a job left out gives its last outcome again
             assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
         return woken[-1], engine.jobs["w"]
 
     assert round_of(None)[1].detail == {"quota": "exceeded"}  # its minimum is over the quota: best-effort
-    for _ in range(2):
+    for _ in range(3):
         assert round_of(set()) == (set(), engine.jobs["w"]) and "w" in engine._quota_sleepers  # kept asleep
+    assert given[-2:] == [False, False]  # its quota and what is used of it as its last outcome said: left out
     want = engine.jobs["w"].want_g
     oracle.overshoot["gpt2"] = 0.4  # its type's margin grows: its minimum is worked out again
     assert round_of(set())[0] == {"w"}
