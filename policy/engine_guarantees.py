@@ -82,15 +82,24 @@ class _Guarantees:
         places among the jobs awake, in the order those were made in (priority, then submission): the guarantees'
         order, which spends the quotas."""
         prepared, woken = self._prepared, []
+        tenants: dict[str, tuple[int, str]] = {}
+        """tenant -> (its quota less what is used of it, what a detail says of its quota)"""
+        margins: dict[int, tuple] = {}
+        """id of a kind -> its type's margins (`_margins_key`)"""
         for job in self._quota_sleepers.values():
             held = prepared[job.id]
+            inp = job.inp
+            quota = tenants.get(inp.tenant)
+            if quota is None:
+                given = self._quota(job)
+                quota = tenants[inp.tenant] = (given - used.get(inp.tenant, 0), "exceeded" if given else "none")
+            margin = margins.get(id(inp.kind))
+            if margin is None:
+                margin = margins[id(inp.kind)] = self._margins_key(inp.kind)
             want, least = held[7][3], held[7][4]  # what its request means as a guarantee (`_demand`)
-            if least < 1:
-                least = 1
-            if (self._quota_left(job, used) >= held[7][4]
-                    or job.detail["quota"] != ("exceeded" if self._quota(job) else "none")
-                    or held[6] != self._margins_key(job.inp.kind)
-                    or job.want_g != (want if want <= least or self._room_to_give_back(job, want) else least)):
+            if (quota[0] >= least or job.detail["quota"] != quota[1] or held[6] != margin
+                    or job.want_g != (want if want <= max(1, least) or self._room_to_give_back(job, want)
+                                      else max(1, least))):
                 woken.append(job)
         if not woken:
             return False
