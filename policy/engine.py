@@ -287,7 +287,16 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         for job in unplain:
             if job.idle_plain:
                 del self._unplain[job.id]
-        self._woken_last = self._woken
+        woken_last = []
+        """the sleepers tried this round that the next must look at again: those placed, or otherwise written"""
+        for job in self._woken:
+            if job.g or not self._asleep(job):
+                woken_last.append(job)
+            elif job.idle_plain:  # an attempt that failed leaves the record as it found it: it sleeps on as it is
+                self._unplain.pop(job.id, None)
+            else:
+                self._unplain[job.id] = job
+        self._woken_last = woken_last
         self._ended = True
         return out
 

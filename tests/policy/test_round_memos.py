@@ -125,7 +125,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
-             "quota_woken": 0}
+             "quota_woken": 0, "tried_asleep": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -171,6 +171,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     def changed(self, nodes, jobs, touched=None):
         outcomes = real_changed(self, nodes, jobs, touched)
         calls["left_out"] += len(jobs) - len(outcomes)
+        calls["tried_asleep"] += len(self._woken) - len(self._woken_last)  # tried, failed: asleep on, not looked at
         return outcomes
 
     def prepared(self, inp, memo=None, record=None):
@@ -240,6 +241,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["quota_kept"] > 10  # and guaranteed jobs outside their quota the detail they were last given
     assert calls["quota_asleep"] > 100  # or were kept asleep as they were
     assert calls["quota_woken"] > 0  # until their quota, or the clock, might make them otherwise
+    assert calls["tried_asleep"] > 100  # sleepers whose attempt failed slept on, not looked at the next round
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
     assert with_memos == without
 
