@@ -109,8 +109,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         `touched` (with `jobs` a mapping, job id -> input): the ids of the jobs whose input may not be the object
         the last round was handed, and of those handed then and not now. The caller promises that every other input
         is the last round's object, its fields as they were but for those that follow the clock of a job holding
-        GPUs or guaranteed. A round then looks only at those jobs, the jobs awake or tried last round, and the
-        sleepers of a kind whose model was refitted: the other sleepers cost it nothing. None: every input is
+        GPUs or guaranteed. A round then looks only at those jobs, the jobs awake last round, the sleepers it tried and
+        placed (one whose attempt failed is left as it was found, and sleeps on), and the sleepers of a kind whose
+        model was refitted: the other sleepers cost it nothing. None: every input is
         looked at."""
         return self._round(nodes, jobs, touched)
 
