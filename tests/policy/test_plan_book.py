@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from modeler.service import make_core
 from controlplane.events import Plan
+from modeler.service import make_core
 from policy.curves import JobKind, PlanBook, packed, trims
-from policy.plans import enumerate_plans, restrict
 from policy.oracle import ModelOracle, from_modeler
+from policy.plans import enumerate_plans, restrict
 
 MODELER = make_core()
 DEPENDS = {"llama7"}  # where an offload plan is the best on some placements at some CPU counts only
