@@ -548,13 +548,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         version = self._version(kind)
         margins = self._margins_key(kind) if guaranteed else None
         held = prepared.get(inp.job_id) if prepared is not None else None
-        if (held is not None and held[1] is version and record is not None and record.inp is inp and not inp.guaranteed
+        if (held is not None and held[1] is version and record is not None and record.inp is inp
                 and record.placed is not None and record.version is version and record.current_rows is not None
                 and record.current_rows[0] is inp.current and record.current_rows[1] is inp.current_mem
-                and record.whole
-                and not (record.touched or record.forced or record.reason or record.detail or record.privileged)):
-            # a best-effort job the last round placed on its current allocation and did not touch since, asking the
-            # same at the same model version: its record is what this round makes of it, once placed the same way
+                and record.whole and not (record.touched or record.forced or record.reason or record.detail)
+                and (not inp.guaranteed and not record.privileged or guaranteed and self._carries(record, held, margins))):
+            # a job the last round placed on its current allocation and did not touch since, asking the same at the
+            # same model version: its record is what this round makes of it, once placed the same way
             self._prepared[inp.job_id] = held
             record.carried = True
             return record
@@ -578,6 +578,25 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         record.min_g, record.min_c, record.want_g, record.up_tab, record.down_tab = min_g, min_c, want_g, up_tab, down_tab
         self._clear(record)
         return record
+
+    def _carries(self, record: _Job, held: tuple, margins: tuple | None) -> bool:
+        """For a running guarantee's record the last round left as it found it (`_prepare`): whether it asks what it
+        asked then (the same type's margins, and as many GPUs: `_room_to_give_back` follows the clock), and if so, the
+        record as `_prepare` makes it again (its guarantee's minimum, which running outside its quota took away, and
+        its flag of a guarantee kept, which this round's quotas decide again). Its place in the slope index and the
+        queue are then those the last round gave it (`_index_all`, `_sort_by_slope`)."""
+        if held[6] != margins:
+            return False
+        demand = held[7]
+        want, least = demand[3], demand[4]
+        floor = least if least > 1 else 1
+        if want > floor and not self._room_to_give_back(record, want):
+            want = floor
+        if want != record.want_g:
+            return False
+        record.min_g, record.min_c, record.privileged = least, demand[5], False
+        self._tables(record)
+        return True
 
     @staticmethod
     def _clear(record: _Job) -> None:

@@ -125,7 +125,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
-             "quota_woken": 0, "tried_asleep": 0}
+             "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -178,6 +178,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
         calls["reused"] += record is not None  # the job's record of the last round, made again in place
         job = real_prepare(self, inp, memo, record)
         calls["carried"] += job.carried  # or carried over as it was
+        calls["carried_guarantees"] += job.carried and inp.guaranteed  # a running guarantee among them
         return job
 
     def ordered(self, job, memo=None):
@@ -233,6 +234,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert orders < calls["orders"]  # as they read the order of the nodes to visit
     assert calls["reused"] > 100  # and rounds made the last round's records again
     assert calls["carried"] > 100  # or carried running jobs' records over as the last round left them
+    assert calls["carried_guarantees"] > 10  # guarantees among them, their minimum and flag made again
     assert calls["asleep"] > 100  # or kept waiting jobs' records as they were, asleep
     assert calls["stale"] > 10  # the keys of sleepers awake again or gone were left in the list, passed over
     assert attempts < calls["attempts"]  # and passed over sleepers whose attempts would have failed at once
@@ -650,6 +652,48 @@ def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_w
     engine.quotas = {"t0": 16, "t1": 16}  # room in its quota: placed as a guarantee
     woke, record = round_of(set())
     assert woke == {"w"} and record.privileged and record.g and not engine._quota_sleepers
+
+
+def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeypatch):
+    """A running guarantee the last round left as it found it is carried over as a best-effort job is, its guarantee's
+    minimum and flag made again for this round's quotas. It is made again where it asks otherwise: its type's margin
+    grew (its minimum is worked out again, and no longer fits its quota), or the clock left it no slack to take more
+    than its minimum. Round by round, every outcome is a fresh engine's, handed every input."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 4, "t1": 16}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
+    offload = Plan(dp=8, zero_stage=2, offload=True)
+
+    def holder(job_id, order, node, gpus):
+        return engine_mod.JobIn(job_id, "t1", False, kind, order, gpus, 4 * gpus, Plan(dp=gpus),
+                                current={node: (gpus, 4 * gpus)}, current_plan=Plan(dp=gpus), running=True,
+                                priority=10, remaining_iters=1e6, changed_s=1e6)
+
+    running = engine_mod.JobIn("g", "t0", True, kind, 2, 8, 32, offload, current={"n0": (4, 16)},
+                               current_plan=replace(offload, dp=4), running=True, remaining_iters=1000.0,
+                               target_iters=1000.0, changed_s=1e6)
+    waiting = engine_mod.JobIn("w", "t0", True, kind, 3, 8, 32, offload)
+    jobs = {j.job_id: j for j in (holder("h1", 0, "n1", 8), holder("h2", 1, "n0", 4), running, waiting)}
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+
+    def round_of(touched):
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
+        for o in fresh.schedule(nodes, list(jobs.values())):
+            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+        record = engine.jobs["g"]
+        return record.carried, record.privileged, record.g
+
+    assert round_of(None) == (False, True, 4)  # placed within its quota, charged its minimum
+    assert round_of(set()) == (True, True, 4) and round_of(set())[0]  # carried over, its guarantee kept again
+    oracle.overshoot["gpt2"] = 0.4  # its type's margin grows: its minimum is the whole request, over the quota
+    assert round_of(set())[:2] == (False, False)
+    oracle.overshoot["gpt2"] = 0.0
+    assert round_of(set()) == (False, True, 4) and round_of(set()) == (True, True, 4)
+    running.elapsed_s = 1e7  # its deadline has passed: it asks for its minimum only
+    assert round_of(set())[0] is False and engine.jobs["g"].want_g == 4
+    assert round_of(set()) == (True, True, 4)
 
 
 def test_a_running_jobs_outcome_is_given_again_only_while_every_part_of_it_is_the_same():
