@@ -552,7 +552,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
                 and record.placed is not None and record.version is version and record.current_rows is not None
                 and record.current_rows[0] is inp.current and record.current_rows[1] is inp.current_mem
                 and record.whole and not (record.touched or record.forced or record.reason or record.detail)
-                and (not inp.guaranteed and not record.privileged or guaranteed and self._carries(record, held, margins))):
+                and (not inp.guaranteed and not record.privileged
+                     or guaranteed and self._carries(record, held, margins))):
             # a job the last round placed on its current allocation and did not touch since, asking the same at the
             # same model version: its record is what this round makes of it, once placed the same way
             self._prepared[inp.job_id] = held
