@@ -589,13 +589,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         if held[6] != margins:
             return False
         demand = held[7]
-        want, least = demand[3], demand[4]
-        floor = least if least > 1 else 1
-        if want > floor and not self._room_to_give_back(record, want):
-            want = floor
-        if want != record.want_g:
+        if self._asks(record, demand[3], demand[4]) != record.want_g:
             return False
-        record.min_g, record.min_c, record.privileged = least, demand[5], False
+        record.min_g, record.min_c, record.privileged = demand[4], demand[5], False
         self._tables(record)
         return True
 

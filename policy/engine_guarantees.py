@@ -78,7 +78,7 @@ class _Guarantees:
         woke. A sleeper stays asleep while its tenant's quota, less what the running guarantees kept use
         (`used`, which the rest of the round only adds to), is still under the minimum its guarantee asks, the quota
         is still there or still not, its type's margins are the same, and the GPUs it asks for are the same
-        (`_room_to_give_back`, which follows the clock). The others are made again (`_make_awake`) and take their
+        (`_asks`, which follows the clock). The others are made again (`_make_awake`) and take their
         places among the jobs awake, in the order those were made in (priority, then submission): the guarantees'
         order, which spends the quotas."""
         prepared, woken = self._prepared, []
@@ -96,10 +96,9 @@ class _Guarantees:
             margin = margins.get(id(inp.kind))
             if margin is None:
                 margin = margins[id(inp.kind)] = self._margins_key(inp.kind)
-            want, least = held[7][3], held[7][4]  # what its request means as a guarantee (`_demand`)
+            least = held[7][4]  # what its request means as a guarantee (`_demand`)
             if (quota[0] >= least or job.detail["quota"] != quota[1] or held[6] != margin
-                    or job.want_g != (want if want <= max(1, least) or self._room_to_give_back(job, want)
-                                      else max(1, least))):
+                    or job.want_g != self._asks(job, held[7][3], least)):
                 woken.append(job)
         if not woken:
             return False

@@ -544,6 +544,12 @@ class _NodeIndex:
         now = self.restart_cost_s if inp.running else 0.0
         return self._time_left(job) - now - inp.remaining_iters * inp.kind.global_batch / fast >= self.restart_cost_s
 
+    def _asks(self, job: _Job, want: int, least: int) -> int:
+        """The GPUs a guarantee asks for now, wanting `want` with a minimum of `least`: its want, or its minimum where
+        the clock leaves it no slack to take more (`_room_to_give_back`)."""
+        floor = least if least > 1 else 1
+        return want if want <= floor or self._room_to_give_back(job, want) else floor
+
     @staticmethod
     def _time_left(v: _Job) -> float:
         """Seconds from now to a guaranteed job's deadline: the time its whole work takes at the
