@@ -96,15 +96,22 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
     def schedule(self, nodes: list[NodeCap], jobs: list[JobIn]) -> list[Outcome]:
         """Every job's outcome this round, in the order of the round's records (`schedule_changed`, with the
         outcome objects of the jobs it leaves out)."""
-        made = {o.job_id: o for o in self._round(nodes, jobs)}
-        return [j.idle if (o := made.get(j.id)) is None else o for j in self.jobs.values()]
+        self._round(nodes, jobs)
+        return [self.outcome_of(job_id) for job_id in self.jobs]
+
+    def outcome_of(self, job_id: str) -> Outcome:
+        """The job's outcome as the last round had it: the one it gave, or the one it left out as the same (a sleeper
+        not looked at since a round was cut short says what it said when it fell asleep)."""
+        job = self.jobs[job_id]
+        return job.idle if job.given is None else job.given
 
     def schedule_changed(self, nodes: list[NodeCap], jobs: Collection[JobIn] | Mapping[str, JobIn],
                          touched: Collection[str] | None = None) -> list[Outcome]:
         """A round: the outcomes of the jobs whose outcome may differ from the one the last round gave. Left out is a
         waiting job asleep (`_asleep`) and not tried this round (`_wake`) whose last outcome said it waits for GPUs
         and nothing else (`_Job.idle_plain`): its outcome is that object again (`_Job.idle`). The policy service
-        keeps it; over a long queue, most jobs are such.
+        keeps it; over a long queue, most jobs are such. So is any job whose outcome is the very object a round gave
+        last (`_Job.given`): a running job left as it runs, most often.
 
         `touched` (with `jobs` a mapping, job id -> input): the ids of the jobs whose input may not be the object
         the last round was handed, and of those handed then and not now. The caller promises that every other input
@@ -192,7 +199,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         """id of a kind -> its memo key (`PlanBook._key`), for this round (`_version`)"""
         fell_asleep: list[_Job] = []
         to_make = []
-        whole = touched is None or not getattr(self, "_ended", False) or type(jobs) is not dict
+        ended = getattr(self, "_ended", False)
+        whole = touched is None or not ended or type(jobs) is not dict
+        if not ended:  # a round cut short (an error) gave none of the outcomes it made: every record's is given again
+            for record in last_round.values():
+                record.given = None
         self._ended = False
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""
@@ -273,17 +284,25 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             self._schedule_job(key[-1])
         self._wake(at, None)
         self._failed = None
-        finish = self._finish
-        out = [finish(j) for j in self._awake] + [finish(j) for j in self._woken]
+        finish, out = self._finish, []
+        for group in (self._awake, self._woken):
+            for j in group:  # an outcome the last round gave again is left out: the service has it
+                if (o := finish(j)) is not j.given:
+                    j.given = o
+                    out.append(o)
         for j in unplain:
             if j.woke == now:
                 continue
             if not j.inp.guaranteed:
-                out.append(finish(j))
+                if (o := finish(j)) is not j.given:
+                    j.given = o
+                    out.append(o)
                 continue
             seen = (self._quota(j), self._quota_used.get(j.inp.tenant, 0))  # a guarantee asleep outside its quota
             if j.quota_seen is None or j.quota_seen[0] is not j.idle or j.quota_seen[1] != seen:
-                out.append(finish(j))
+                if (o := finish(j)) is not j.given:
+                    j.given = o
+                    out.append(o)
                 j.quota_seen = (j.idle, seen)
         for job in unplain:
             if job.idle_plain:

@@ -55,6 +55,17 @@ class _Outcomes:
             return job.idle
         placed = job.placed
         if not job.touched:  # it holds what it was placed on as the round began: the same best plan
+            memo = job.finish_memo
+            if (memo is not None and memo[0] is placed and memo[1] is job.detail and memo[2] == job.privileged
+                    and not job.reason and not job.forced and job.running_memo[0] is memo[3]):
+                # placed as when its last outcome was made, flag and detail the same: the same plan (the margins of a
+                # guarantee carried over are the same) and shares; only its quota state and pending reason may move
+                rm = job.running_memo
+                quota = None
+                if job.inp.guaranteed and not job.privileged and "guarantee" not in job.detail:
+                    quota = "exceeded" if self._quota(job) else "none"
+                if quota == rm[4] and self._pending(job, memo[4]) == rm[5]:
+                    return memo[3]
             gpus, cpg, best = placed
         else:
             cpg, gpus = self._cpg_of(job), tuple(job.g_on.values())
@@ -83,7 +94,11 @@ class _Outcomes:
                 self.held_back = self.held_back or held
                 kept = Best(gbs / t_old, cur, place)
                 return self._outcome(job, cur, kept.throughput, kept)
-        return self._outcome(job, plan, best.throughput, best)
+        out = self._outcome(job, plan, best.throughput, best)
+        if not job.touched and not job.reason and not job.forced and (cur is None or plan is cur or plan == cur):
+            # what the next round's `_finish` may give again while the record is placed the same (above)
+            job.finish_memo = (placed, job.detail, job.privileged, out, sum(best.placement))
+        return out
 
     def _iter_time(self, kind: JobKind, placement: tuple[int, ...], cpg: int, plan: Plan) -> float:
         """The oracle's seconds per iteration of `plan` on `placement` (inf: it cannot tell, or the plan does not run

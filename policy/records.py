@@ -138,6 +138,9 @@ class _Job:
     idle: Outcome | None = None
     """the outcome the record last gave holding nothing: given again while it says the same (most waiting jobs'
     do, round after round)"""
+    given: Outcome | None = None
+    """the outcome a round last gave of the record (`RubickEngine._round`): a round leaves out an outcome that is that
+    object again, which the service holds already"""
     idle_plain: bool = False
     """whether `idle` is what a waiting job whose attempt failed at once says: queued, no GPUs free or to take"""
     sleeping: bool = False
@@ -162,6 +165,11 @@ class _Job:
     running_memo: tuple | None = None
     """(the outcome, what it was made of) the record last gave holding GPUs: given again while it would say the
     same (a running job left as it runs, round after round), so the service sees at once that nothing changed"""
+    finish_memo: tuple | None = None
+    """(`placed`, the detail, the flag of a guarantee kept, the outcome, the GPUs its plan uses) as `_finish` last made a
+    running job's outcome with nothing written since it was placed and its plan its current one: while it is placed
+    the same way (the same `placed` object: carried over since) with the same detail and flag, that outcome is given
+    again unless its quota state or pending reason moved"""
     tables_memo: tuple | None = None
     """(`version`, CPUs per GPU, reference, {(want, minimum): (`up_tab`, `down_tab`)}) of what `RubickEngine._tables`
     worked out for the record: a guaranteed job outside its quota asks for the same two a round, round after round"""

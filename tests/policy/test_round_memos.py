@@ -125,7 +125,7 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
-             "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0}
+             "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0, "finish_kept": 0, "running_left_out": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -171,6 +171,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     def changed(self, nodes, jobs, touched=None):
         outcomes = real_changed(self, nodes, jobs, touched)
         calls["left_out"] += len(jobs) - len(outcomes)
+        given = {o.job_id for o in outcomes}
+        calls["running_left_out"] += sum(1 for j in self._awake if j.g and j.id not in given)  # the same as last
         calls["tried_asleep"] += len(self._woken) - len(self._woken_last)  # tried, failed: asleep on, not looked at
         return outcomes
 
@@ -198,6 +200,22 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
             calls["held"] += self._skipped_held
             self._skipped_held = self._skipped_held or before
 
+    real_finish, real_outcome = engine_mod.RubickEngine._finish, engine_mod.RubickEngine._outcome
+    made = []
+
+    def finish(self, job):
+        made.append(False)
+        out = real_finish(self, job)
+        remade = made.pop()
+        calls["finish_kept"] += bool(job.g > 0 and out.shares and not remade)  # its last outcome, not made again
+        return out
+
+    def outcome(self, job, plan, tput, best):
+        made[-1] = True
+        return real_outcome(self, job, plan, tput, best)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_finish", finish)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_outcome", outcome)
     monkeypatch.setattr(engine_mod.RubickEngine, "_candidates", counted)
     monkeypatch.setattr(engine_mod.RubickEngine, "_lowest_slope_over_min", watched)
     monkeypatch.setattr(engine_mod.RubickEngine, "_node_order", ordered)
@@ -245,6 +263,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["quota_woken"] > 0  # until their quota, or the clock, might make them otherwise
     assert calls["tried_asleep"] > 100  # sleepers whose attempt failed slept on, not looked at the next round
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
+    assert calls["finish_kept"] > 100  # and their last outcomes, not made again
+    assert calls["running_left_out"] > 100  # which the round left out: the service has them
     assert with_memos == without
 
 
@@ -631,7 +651,7 @@ def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_w
         given.append("w" in out)
         fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
         for o in fresh.schedule(nodes, list(jobs.values())):  # a job left out gives its last outcome again
-            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
         return woken[-1], engine.jobs["w"]
 
     assert round_of(None)[1].detail == {"quota": "exceeded"}  # its minimum is over the quota: best-effort
@@ -681,7 +701,7 @@ def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeyp
         out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
         fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
         for o in fresh.schedule(nodes, list(jobs.values())):
-            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
         record = engine.jobs["g"]
         return record.carried, record.privileged, record.g
 
@@ -694,6 +714,43 @@ def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeyp
     running.elapsed_s = 1e7  # its deadline has passed: it asks for its minimum only
     assert round_of(set())[0] is False and engine.jobs["g"].want_g == 4
     assert round_of(set()) == (True, True, 4)
+
+
+def test_a_running_guarantees_last_outcome_is_given_again_only_while_its_quota_keeps_it_what_it_was():
+    """A running guarantee carried over and left as it runs gives its last outcome object again, which the round
+    leaves out. Its quota cut under its minimum, it runs on as best-effort: still carried, on the same GPUs, with the
+    same detail, but its outcome is made again (it says what became of its quota), as it is when the quota is back.
+    Round by round, every outcome is a fresh engine's, handed every input."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 4}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 4, 48, 800.0)]  # no GPU free to grow on
+    offload = Plan(dp=8, zero_stage=2, offload=True)
+    running = engine_mod.JobIn("g", "t0", True, kind, 0, 4, 16, replace(offload, dp=4), current={"n0": (4, 16)},
+                               current_plan=replace(offload, dp=4), running=True, remaining_iters=1000.0,
+                               target_iters=1000.0, changed_s=1e6)  # all it asked for: no pending reason
+    (first,) = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 4}).engine.schedule(nodes, [running])
+    running = replace(running, current_plan=first.plan)  # running the plan the round picks: kept as it is
+    jobs = {"g": running}
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+
+    def round_of():
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
+        (fresh,) = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine.schedule(
+            nodes, [running])
+        assert facts(out.get("g", engine.outcome_of("g"))) == facts(fresh)
+        record = engine.jobs["g"]
+        return "g" in out, record.carried, record.privileged, record.g
+
+    engine.schedule_changed(nodes, jobs, None)
+    assert round_of()[1:] == (True, True, 4) and round_of() == (False, True, True, 4)  # the same outcome: left out
+    engine.quotas["t0"] = 0
+    assert round_of() == (True, True, False, 4) and round_of() == (False, True, False, 4)
+    assert engine.outcome_of("g").detail["quota"] == "none"
+    engine.quotas["t0"] = 2  # a quota again, under its minimum: the same flag and detail, but its outcome says so
+    assert round_of() == (True, True, False, 4) and engine.outcome_of("g").detail["quota"] == "exceeded"
+    engine.quotas["t0"] = 4
+    assert round_of() == (True, True, True, 4) and round_of() == (False, True, True, 4)
 
 
 def test_a_running_jobs_outcome_is_given_again_only_while_every_part_of_it_is_the_same():
@@ -763,7 +820,7 @@ def test_a_round_told_which_inputs_changed_looks_at_the_sleepers_of_a_refitted_k
         seen = (list(looked), list(made))
         fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
         for o in fresh:  # a job left out gives last round's outcome again
-            assert facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) == facts(o)
+            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
         assert set(engine.jobs) == set(jobs)
         looked[:], made[:] = seen
         return out
@@ -820,8 +877,41 @@ def test_a_round_cut_short_makes_the_next_look_at_every_input():
     out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}  # nothing changed since
     fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
-    assert [facts(out.get(o.job_id, engine.jobs[o.job_id].idle)) for o in fresh] == list(map(facts, fresh))
+    assert [facts(out.get(o.job_id, engine.outcome_of(o.job_id))) for o in fresh] == list(map(facts, fresh))
     assert fresh[0].job_id == "holder" and fresh[0].shares and set(engine.jobs) == set(jobs)
+
+
+def test_an_outcome_made_in_a_round_cut_short_is_given_by_the_next():
+    """A round that ends in an error after some outcomes were made gave none of them: the next round gives them,
+    though they are the objects it would otherwise leave out as already given."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    bert = engine_mod.JobKind(models["bert"], models["bert"].spec.global_batch_size)
+    holder = engine_mod.JobIn("b", "t0", False, bert, 0, 4, 16, Plan(dp=4), current={"n0": (4, 16)},
+                              current_plan=Plan(dp=4), running=True, remaining_iters=1e6, changed_s=0.0)
+    jobs = {"b": holder}
+    engine.schedule_changed(nodes, jobs, None)
+    assert engine.schedule_changed(nodes, jobs, set()) == []  # nothing changed: nothing given again
+    jobs["a"] = engine_mod.JobIn("a", "t0", False, bert, 1, 4, 16, Plan(dp=4), priority=5)  # finished before "b"
+    real = engine_mod.RubickEngine._finish
+
+    def broken(self, job):
+        if job.id == "b":
+            raise RuntimeError("cut short")
+        return real(self, job)
+
+    engine_mod.RubickEngine._finish = broken
+    try:
+        with pytest.raises(RuntimeError):
+            engine.schedule_changed(nodes, jobs, {"a"})
+    finally:
+        engine_mod.RubickEngine._finish = real
+    assert engine.jobs["a"].given is not None  # made, and never handed over
+    out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
+    fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    assert sorted(out) == ["a", "b"] and [facts(out[o.job_id]) for o in fresh] == list(map(facts, fresh))
 
 
 def _scenario(rng: random.Random, models) -> tuple[list, list]:
