@@ -27,10 +27,16 @@ class _Guarantees:
         for job in self._awake:
             if not (job.inp.guaranteed and job.g and self._quota_left(job, used) >= job.min_g):
                 continue
-            place = canonical(tuple(job.g_on.values()))
-            as_asked = job.request is not None and place == job.request.placement  # its own request's GPUs
-            if self._meets(job, self._guarded(job, job.best, place if as_asked else None)
-                           if job.best is not None else None):
+            memo = job.meets_memo
+            if job.carried and memo is not None and memo[0] is job.best:
+                meets = memo[1]  # carried over: the same placement, plan, reference and margins as then
+            else:
+                place = canonical(tuple(job.g_on.values()))
+                as_asked = job.request is not None and place == job.request.placement  # its own request's GPUs
+                meets = self._meets(job, self._guarded(job, job.best, place if as_asked else None)
+                                    if job.best is not None else None)
+                job.meets_memo = (job.best, meets)
+            if meets:
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
                 self._reindex(job)

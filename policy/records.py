@@ -170,6 +170,9 @@ class _Job:
     running job's outcome with nothing written since it was placed and its plan its current one: while it is placed
     the same way (the same `placed` object: carried over since) with the same detail and flag, that outcome is given
     again unless its quota state or pending reason moved"""
+    meets_memo: tuple | None = None
+    """(`best`, whether it keeps the guarantee) as `_Guarantees._privileged` last found for a running guarantee: read
+    again while the record is carried over (its placement, best plan, reference and its type's margins the same)"""
     tables_memo: tuple | None = None
     """(`version`, CPUs per GPU, reference, {(want, minimum): (`up_tab`, `down_tab`)}) of what `RubickEngine._tables`
     worked out for the record: a guaranteed job outside its quota asks for the same two a round, round after round"""

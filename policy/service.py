@@ -390,21 +390,19 @@ class PolicyCore:
         """Set the fields of a job's input that change while nothing happens to it: its status, its progress (the
         iterations left, the measured speed its deadline is counted at) and those that follow the clock."""
         job_id = job.job_id
-        inp.running = job.status == "running" or bool(inp.current)
-        inp.remaining_iters = self._remaining(job, t)
+        running = job.status == "running"
+        inp.running = running or bool(inp.current)
+        # the iterations left at `t`: those measured or reported, and those run since at the measured speed
+        prog = self.progress.get(job_id, _NO_PROGRESS)
+        done = prog.iterations if prog.iterations > job.iterations_done else job.iterations_done
+        if running and prog.iter_time_s and t > prog.at:
+            done += (t - prog.at) / prog.iter_time_s
+        remaining = job.target_iterations - done
+        inp.remaining_iters = remaining if remaining > 0 else math.inf
         inp.elapsed_s = max(0.0, t - job.submitted_at)
         inp.changed_s = t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf
         inp.recent_changes = self._recent_changes(job_id, t) if job_id in self.changes else 0
         inp.ref_iter_s = self.ref_iter.get(job_id, math.inf)
-
-    def _remaining(self, job: JobState, t: float) -> float:
-        """Iterations left at `t`: those measured or reported, and those run since at the measured speed."""
-        prog = self.progress.get(job.job_id, _NO_PROGRESS)
-        done = max(prog.iterations, job.iterations_done)
-        if job.status == "running" and prog.iter_time_s:
-            done += max(0.0, t - prog.at) / prog.iter_time_s
-        remaining = max(0.0, job.target_iterations - done)
-        return remaining if remaining > 0 else math.inf
 
     def _inputs(self, t: float) -> list[JobIn]:
         """Every open job's `JobIn` for a round at `t`. A job that no event (but a measured iteration), decision or

@@ -125,7 +125,8 @@ def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int
 def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
-             "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0, "finish_kept": 0, "running_left_out": 0}
+             "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0, "finish_kept": 0, "running_left_out": 0,
+             "meets_kept": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -154,9 +155,12 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 
     def privileged(self):
         before = {j.id: j.quota_detail for j in self._awake}
+        checked = {j.id: j.meets_memo for j in self._awake}
         asleep = len(self._quota_sleepers)
         woken = real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
         calls["quota_kept"] += sum(1 for j in before if before[j] is not None and self.jobs[j].detail is before[j])
+        calls["meets_kept"] += sum(1 for j in self._awake if j.privileged and checked.get(j.id) is not None
+                                   and j.meets_memo is checked[j.id])  # its guarantee found kept as last round
         calls["quota_woken"] += asleep - len(self._quota_sleepers)  # woken: it might be placed in its quota now
         return woken
 
@@ -264,6 +268,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["tried_asleep"] > 100  # sleepers whose attempt failed slept on, not looked at the next round
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
     assert calls["finish_kept"] > 100  # and their last outcomes, not made again
+    assert calls["meets_kept"] > 10  # and running guarantees carried over whether they keep their guarantee
     assert calls["running_left_out"] > 100  # which the round left out: the service has them
     assert with_memos == without
 
