@@ -264,7 +264,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         for *_, inp, record in to_make:  # `_make_awake`, written out: every job awake, every round
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
-            if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
+            if (inp.guaranteed and not job.carried and job.want_g > max(1, job.min_g)
+                    and not self._room_to_give_back(job)):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
         self._place_current()
@@ -281,7 +282,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         for key in queue:  # merged with the sleepers' keys, in the order one sort of all would give
             if at < len(sleepers) and sleepers[at] < key:
                 at = self._wake(at, key)
-            self._schedule_job(key[-1])
+            job = key[-1]
+            if job.g < job.want_g or job.g < job.min_g:  # else its attempt would end at once, changing nothing
+                self._schedule_job(job)
         self._wake(at, None)
         self._failed = None
         finish, out = self._finish, []
@@ -322,10 +325,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
 
     def _make_awake(self, inp: JobIn, prepared: dict, record: _Job | None) -> _Job:
         """The job's record made for this round (`_prepare`), awake (`_awake`): a guarantee without the slack to
-        give GPUs back asks for its minimum only (`_room_to_give_back`)."""
+        give GPUs back asks for its minimum only (`_room_to_give_back`; a guarantee carried over asks what it asked,
+        which `_carries` checked)."""
         job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
         self._awake.append(job)
-        if inp.guaranteed and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
+        if inp.guaranteed and not job.carried and job.want_g > max(1, job.min_g) and not self._room_to_give_back(job):
             job.want_g = max(1, job.min_g)
             self._tables(job)
         return job
@@ -610,8 +614,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         demand = held[7]
         if self._asks(record, demand[3], demand[4]) != record.want_g:
             return False
-        record.min_g, record.min_c, record.privileged = demand[4], demand[5], False
-        self._tables(record)
+        record.privileged = False
+        if record.min_g != demand[4] or record.min_c != demand[5]:  # else its tables are those it has
+            record.min_g, record.min_c = demand[4], demand[5]
+            self._tables(record)
         return True
 
     @staticmethod

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from controlplane.events import Decision, Event, NodeShare, PlanDecided, Rejected, make
 from controlplane.events.payloads import Pending, PlanPending
@@ -383,26 +383,31 @@ class PolicyCore:
                     current, memory,
                     job.decided_plan if current else None,  # current_plan
                     None, job.priority, None, float(job.target_iterations), None, None, None, None)
-        self._forward(inp, job, t)
+        self._forward(((inp, job),), t)
         return inp
 
-    def _forward(self, inp: JobIn, job: JobState, t: float) -> None:
-        """Set the fields of a job's input that change while nothing happens to it: its status, its progress (the
-        iterations left, the measured speed its deadline is counted at) and those that follow the clock."""
-        job_id = job.job_id
-        running = job.status == "running"
-        inp.running = running or bool(inp.current)
-        # the iterations left at `t`: those measured or reported, and those run since at the measured speed
-        prog = self.progress.get(job_id, _NO_PROGRESS)
-        done = prog.iterations if prog.iterations > job.iterations_done else job.iterations_done
-        if running and prog.iter_time_s and t > prog.at:
-            done += (t - prog.at) / prog.iter_time_s
-        remaining = job.target_iterations - done
-        inp.remaining_iters = remaining if remaining > 0 else math.inf
-        inp.elapsed_s = max(0.0, t - job.submitted_at)
-        inp.changed_s = t - self.changed_at.get(job_id, -math.inf) if self.tick_period_s > 0 else math.inf
-        inp.recent_changes = self._recent_changes(job_id, t) if job_id in self.changes else 0
-        inp.ref_iter_s = self.ref_iter.get(job_id, math.inf)
+    def _forward(self, pairs: Iterable[tuple[JobIn, JobState]], t: float) -> None:
+        """Set the fields of each job's input that change while nothing happens to it: its status, its progress (the
+        iterations left, the measured speed its deadline is counted at) and those that follow the clock. Run for every
+        running or guaranteed job every round: what it reads of the service is looked up once."""
+        progress, changed_at, changes, ref_iter = self.progress.get, self.changed_at.get, self.changes, self.ref_iter.get
+        ticking, inf = self.tick_period_s > 0, math.inf
+        for inp, job in pairs:
+            job_id = job.job_id
+            running = job.status == "running"
+            inp.running = running or bool(inp.current)
+            # the iterations left at `t`: those measured or reported, and those run since at the measured speed
+            prog = progress(job_id, _NO_PROGRESS)
+            done = prog.iterations if prog.iterations > job.iterations_done else job.iterations_done
+            if running and prog.iter_time_s and t > prog.at:
+                done += (t - prog.at) / prog.iter_time_s
+            remaining = job.target_iterations - done
+            inp.remaining_iters = remaining if remaining > 0 else inf
+            elapsed = t - job.submitted_at
+            inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0
+            inp.changed_s = t - changed_at(job_id, -inf) if ticking else inf
+            inp.recent_changes = self._recent_changes(job_id, t) if job_id in changes else 0
+            inp.ref_iter_s = ref_iter(job_id, inf)
 
     def _inputs(self, t: float) -> list[JobIn]:
         """Every open job's `JobIn` for a round at `t`. A job that no event (but a measured iteration), decision or
@@ -411,7 +416,7 @@ class PolicyCore:
         round by round). Where the engine says it reads none of those fields of a best-effort job that holds nothing
         (`waiting_clock` False), such a job's input is handed over as it is: the same object, round after round,
         which the engine may take as unchanged."""
-        kept, jobs = self._kept_in, []
+        kept, jobs, moving = self._kept_in, [], []
         waiting_clock = getattr(self.engine, "waiting_clock", True)
         if not waiting_clock:
             return list(self._listed_inputs(t).values())
@@ -425,8 +430,9 @@ class PolicyCore:
                 if job_id in self.order:
                     kept[job_id] = inp
             elif waiting_clock or inp.running or inp.guaranteed:  # else a waiting best-effort job: none of it moves
-                self._forward(inp, js, t)
+                moving.append((inp, js))
             jobs.append(inp)
+        self._forward(moving, t)
         return jobs
 
     def _listed_inputs(self, t: float) -> dict[str, JobIn]:
@@ -469,9 +475,7 @@ class PolicyCore:
                 moving.add(job_id)
             else:
                 moving.discard(job_id)
-        for job_id in moving:
-            if job_id not in made:
-                self._forward(listed[job_id], states[job_id], t)
+        self._forward(((listed[job_id], states[job_id]) for job_id in moving if job_id not in made), t)
         return listed
 
     def _recent_changes(self, job_id: str, t: float) -> int:
