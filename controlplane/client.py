@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .bus import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
 import nats
 import nats.errors
 import nats.js.errors

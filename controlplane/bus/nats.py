@@ -15,6 +15,7 @@ import uuid
 from urllib.parse import urlparse
 from typing import AsyncIterator, Sequence
 
+from . import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
 import nats
 import nats.errors
 import nats.js.errors

@@ -17,7 +17,7 @@ from controlplane.cli import COMMANDS, build_parser, parser_for
 REPO = Path(__file__).resolve().parents[2]
 
 HEAVY = ("polars", "scipy", "torch", "deepspeed", "policy", "replay", "modeler", "agents", "prometheus_client",
-         "kubernetes", "numpy", "nats")
+         "kubernetes", "numpy", "nats", "aiohttp", "multidict")
 
 
 def test_the_command_table_is_what_the_modules_register():
