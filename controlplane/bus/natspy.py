@@ -38,17 +38,13 @@ def _import_transport() -> None:
         return  # imported already (nats-py, or the modules themselves): nothing to save
     if any(importlib.util.find_spec(name) is None for name in _DEFERRED):
         return  # not installed: nats-py binds None, as it would anyway
-    hidden = {name: sys.modules.get(name) for name in _DEFERRED}
     for name in _DEFERRED:
         sys.modules[name] = None  # an import of it raises ImportError
     try:
         import nats.aio.transport as transport
     finally:
-        for name, was in hidden.items():
-            if was is None:
-                del sys.modules[name]
-            else:
-                sys.modules[name] = was
+        for name in _DEFERRED:
+            del sys.modules[name]
     for name in _DEFERRED:
         if getattr(transport, name, None) is None:
             setattr(transport, name, _OnFirstUse(transport, name))
