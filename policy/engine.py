@@ -288,11 +288,14 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         self._wake(at, None)
         self._failed = None
         finish, out = self._finish, []
-        for group in (self._awake, self._woken):
-            for j in group:  # an outcome the last round gave again is left out: the service has it
-                if (o := finish(j)) is not j.given:
-                    j.given = o
-                    out.append(o)
+        for j in self._awake:  # an outcome the last round gave again is left out: the service has it
+            if (o := finish(j)) is not j.given:
+                j.given = o
+                out.append(o)
+        for j in self._woken:
+            if j.answered != now and (o := finish(j)) is not j.given:
+                j.given = o
+                out.append(o)
         for j in unplain:
             if j.woke == now:
                 continue
@@ -429,7 +432,17 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
                 break
             job.woke = now
             self._woken.append(job)
-            self._schedule_job(job)
+            failed = self._failed.get(self._repeat_key(job))
+            if failed is None:
+                self._schedule_job(job)
+            else:  # answered at once from the round's failed attempts, as `_schedule_job` would (it may gather, and
+                # holds nothing, runs nothing). Where its last outcome, handed over, says that (`_finish`'s own check;
+                # a guarantee asleep says `quota`, no attempt's reason), `_finish` would give it again
+                self.why[job.id] = failed
+                idle = job.idle
+                if (idle is not None and idle is job.given and idle.pending is not None and idle.pending[0] == failed
+                        and idle.reason == "queued" and idle._detail is job.detail):
+                    job.answered = now
             at += 1
         return end
 

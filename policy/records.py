@@ -151,6 +151,9 @@ class _Job:
     """its key in `RubickEngine._sleepers` as it last fell asleep (an older one left there is passed over)"""
     woke: int = -1
     """the round in which it was last tried while asleep (`RubickEngine._wake`)"""
+    answered: int = -1
+    """the round in which it was last tried while asleep and answered from the round's failed attempts with the
+    reason its last outcome gives (`RubickEngine._wake`): that outcome is not made again"""
     version: tuple | None = None
     """its kind's memo key this round (`PlanBook._key`): the same object until its model is refitted"""
     placed_memo: tuple | None = None

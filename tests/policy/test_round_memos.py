@@ -126,7 +126,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
              "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0, "finish_kept": 0, "running_left_out": 0,
-             "meets_kept": 0}
+             "meets_kept": 0, "answered": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -178,6 +178,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
         given = {o.job_id for o in outcomes}
         calls["running_left_out"] += sum(1 for j in self._awake if j.g and j.id not in given)  # the same as last
         calls["tried_asleep"] += len(self._woken) - len(self._woken_last)  # tried, failed: asleep on, not looked at
+        calls["answered"] += sum(j.answered == self._round_no for j in self._woken)  # as the round's failed ones were
         return outcomes
 
     def prepared(self, inp, memo=None, record=None):
@@ -266,6 +267,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["quota_asleep"] > 100  # or were kept asleep as they were
     assert calls["quota_woken"] > 0  # until their quota, or the clock, might make them otherwise
     assert calls["tried_asleep"] > 100  # sleepers whose attempt failed slept on, not looked at the next round
+    assert calls["answered"] > 100  # most answered from the round's failed attempts, their outcomes not made again
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
     assert calls["finish_kept"] > 100  # and their last outcomes, not made again
     assert calls["meets_kept"] > 10  # and running guarantees carried over whether they keep their guarantee
@@ -917,6 +919,46 @@ def test_an_outcome_made_in_a_round_cut_short_is_given_by_the_next():
     fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
     assert sorted(out) == ["a", "b"] and [facts(out[o.job_id]) for o in fresh] == list(map(facts, fresh))
+
+
+def test_sleepers_answered_from_the_failed_attempts_give_their_outcomes_again_after_a_round_cut_short():
+    """Sleepers tried while GPUs are free, and answered from the round's failed attempts with the reason their last
+    outcome gives, do not have that outcome made again, and the round leaves it out. After a round cut short, which
+    handed over nothing, their outcomes are given again."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
+    bert = engine_mod.JobKind(models["bert"], models["bert"].spec.global_batch_size)
+    large = engine_mod.JobKind(models["llama30"], models["llama30"].spec.global_batch_size)  # more GPUs than free
+    holder = engine_mod.JobIn("b", "t0", False, bert, 0, 7, 28, Plan(dp=7), current={"n0": (7, 28)},
+                              current_plan=Plan(dp=7), running=True, remaining_iters=1e6, changed_s=0.0, priority=9)
+    jobs = {"b": holder, **{f"w{i}": engine_mod.JobIn(f"w{i}", "t0", False, large, i + 1, 8, 32, Plan(dp=8))
+                            for i in range(3)}}
+    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
+
+    def round_of():
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
+        assert [facts(out.get(o.job_id, engine.outcome_of(o.job_id))) for o in fresh] == list(map(facts, fresh))
+        return set(out), {j.id for j in engine._woken if j.answered == engine._round_no}
+
+    engine.schedule_changed(nodes, jobs, None)
+    assert round_of() == (set(), {"w1", "w2"})  # tried, answered as "w0" was: nothing made again, nothing given
+    real = engine_mod.RubickEngine._finish
+
+    def broken(self, job):
+        if job.id == "b":
+            raise RuntimeError("cut short")
+        return real(self, job)
+
+    engine_mod.RubickEngine._finish = broken
+    try:
+        with pytest.raises(RuntimeError):
+            engine.schedule_changed(nodes, jobs, set())
+    finally:
+        engine_mod.RubickEngine._finish = real
+    assert round_of()[0] >= {"w0", "w1", "w2"}  # all tried again, and given again
+    assert round_of() == (set(), {"w1", "w2"})
 
 
 def _scenario(rng: random.Random, models) -> tuple[list, list]:
