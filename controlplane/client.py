@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .bus import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
+
+# isort: split
 import nats
 import nats.errors
 import nats.js.errors
@@ -27,11 +29,20 @@ import yaml
 
 from .auth import Credentials, Identity, find_credentials
 from .bus.nats import JetStreamBus, redact_url
-from .events import Event, Invalid, JobSubmitted, Rejected, build, decode, encode, make, new_id
+from .events import (
+    Event,
+    Invalid,
+    JobSubmitted,
+    Rejected,
+    build,
+    decode,
+    encode,
+    make,
+    new_id,
+)
 from .events.catalog import rejection_subject
 from .events.payloads import JobControl, JobPriority, QuotaSet
 from .events.schema import to_plain
-
 
 VERDICT_DURABLES = ("svc-admission", "svc-policy")
 """The consumers of the services that may refuse a submission."""

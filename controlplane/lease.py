@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from .bus import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
+
+# isort: split
 import nats.errors
 import nats.js.errors
 from nats.js import api

@@ -12,19 +12,21 @@ import json
 import logging
 import ssl
 import uuid
-from urllib.parse import urlparse
 from typing import AsyncIterator, Sequence
+from urllib.parse import urlparse
 
 from . import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
+
+# isort: split
 import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
 
+from ..aio import wait_or_timeout
 from ..auth.credentials import Credentials
 from ..auth.store import AuthError
 from ..events.catalog import STREAM_NAME, STREAM_SUBJECTS
-from ..aio import wait_or_timeout
 from . import nats_headers as header_client
 from .base import Bus, Consumer, Delivery, PubAck
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 
 from . import natspy  # noqa: F401  (first: nats-py without aiohttp until it is needed)
+
+# isort: split
 from nats.aio.client import Client
 
 _PLAIN = re.compile(rb"NATS/1\.0\r\n((?:[!-9;-~]+:[^\r\n]*\r\n)+)\r\n")

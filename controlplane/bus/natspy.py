@@ -41,7 +41,7 @@ def _import_transport() -> None:
     for name in _DEFERRED:
         sys.modules[name] = None  # an import of it raises ImportError
     try:
-        import nats.aio.transport as transport
+        from nats.aio import transport
     finally:
         for name in _DEFERRED:
             del sys.modules[name]
