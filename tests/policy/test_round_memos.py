@@ -888,6 +888,24 @@ def test_a_round_cut_short_makes_the_next_look_at_every_input():
     assert fresh[0].job_id == "holder" and fresh[0].shares and set(engine.jobs) == set(jobs)
 
 
+def _cut_short_at_finishing(engine, nodes, jobs, touched, job_id: str) -> None:
+    """A round of `engine` that ends in an error as it makes `job_id`'s outcome (the outcomes made before it are never
+    handed over)."""
+    real = engine_mod.RubickEngine._finish
+
+    def broken(self, job):
+        if job.id == job_id:
+            raise RuntimeError("cut short")
+        return real(self, job)
+
+    engine_mod.RubickEngine._finish = broken
+    try:
+        with pytest.raises(RuntimeError):
+            engine.schedule_changed(nodes, jobs, touched)
+    finally:
+        engine_mod.RubickEngine._finish = real
+
+
 def test_an_outcome_made_in_a_round_cut_short_is_given_by_the_next():
     """A round that ends in an error after some outcomes were made gave none of them: the next round gives them,
     though they are the objects it would otherwise leave out as already given."""
@@ -901,19 +919,7 @@ def test_an_outcome_made_in_a_round_cut_short_is_given_by_the_next():
     engine.schedule_changed(nodes, jobs, None)
     assert engine.schedule_changed(nodes, jobs, set()) == []  # nothing changed: nothing given again
     jobs["a"] = engine_mod.JobIn("a", "t0", False, bert, 1, 4, 16, Plan(dp=4), priority=5)  # finished before "b"
-    real = engine_mod.RubickEngine._finish
-
-    def broken(self, job):
-        if job.id == "b":
-            raise RuntimeError("cut short")
-        return real(self, job)
-
-    engine_mod.RubickEngine._finish = broken
-    try:
-        with pytest.raises(RuntimeError):
-            engine.schedule_changed(nodes, jobs, {"a"})
-    finally:
-        engine_mod.RubickEngine._finish = real
+    _cut_short_at_finishing(engine, nodes, jobs, {"a"}, "b")
     assert engine.jobs["a"].given is not None  # made, and never handed over
     out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
     fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
@@ -944,19 +950,7 @@ def test_sleepers_answered_from_the_failed_attempts_give_their_outcomes_again_af
 
     engine.schedule_changed(nodes, jobs, None)
     assert round_of() == (set(), {"w1", "w2"})  # tried, answered as "w0" was: nothing made again, nothing given
-    real = engine_mod.RubickEngine._finish
-
-    def broken(self, job):
-        if job.id == "b":
-            raise RuntimeError("cut short")
-        return real(self, job)
-
-    engine_mod.RubickEngine._finish = broken
-    try:
-        with pytest.raises(RuntimeError):
-            engine.schedule_changed(nodes, jobs, set())
-    finally:
-        engine_mod.RubickEngine._finish = real
+    _cut_short_at_finishing(engine, nodes, jobs, set(), "b")
     assert round_of()[0] >= {"w0", "w1", "w2"}  # all tried again, and given again
     assert round_of() == (set(), {"w1", "w2"})
 
