@@ -147,6 +147,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._unheld_keys: dict[str, list[tuple[int, float, int, str]]] = {}
         """node -> those of its `_node_keys` whose jobs are not held (a node is listed once a key is)"""
+        self._own_keys: set[str] = set()
+        self._own_unheld: set[str] = set()
+        """the nodes whose lists in `_node_keys` and `_unheld_keys` are the round's own, not the kept index's
+        (`_index_all`, `_writable`)"""
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}

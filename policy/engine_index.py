@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import defaultdict
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -17,6 +18,23 @@ from .records import EPS, _entry, _Job, _Order
 _SKIP_FROM = 96
 """a walk over a tail of more nodes than this passes those where the search would do nothing (`_visits`); on a
 shorter one, working out which to pass costs more than reading each (rounds on 80 nodes ran faster walking them)"""
+
+
+class _IndexBase:
+    """The slope index as a round began (`_NodeIndex._index_all`), kept for the next round to patch: its own lists, never
+    the ones a round writes. `nidx` is the layout's node -> index its arrays are by; `held` the ids listed as held."""
+
+    __slots__ = ("by_down", "dkey", "dnodes", "held", "lo_p", "lo_s", "nidx", "node_keys", "un_p", "un_s", "unheld_keys")
+
+    def __init__(self, nidx: dict[str, int], lo_p: np.ndarray, lo_s: np.ndarray, un_p: np.ndarray,
+                 un_s: np.ndarray) -> None:
+        self.nidx, self.lo_p, self.lo_s, self.un_p, self.un_s = nidx, lo_p, lo_s, un_p, un_s
+        self.by_down: list[tuple] = []
+        self.dkey: dict[str, tuple] = {}
+        self.dnodes: dict[str, tuple[str, ...]] = {}
+        self.node_keys: dict[str, list[tuple]] = {}
+        self.unheld_keys: dict[str, list[tuple]] = {}
+        self.held: set[str] = set()
 
 
 class _NodeIndex:
@@ -268,10 +286,14 @@ class _NodeIndex:
             self._room_stale.update(nodes)
 
     def _index_all(self) -> None:
-        """`_reindex` of every job holding GPUs as the round begins, into the round's new, empty index, in one go: the
-        keys gathered, then each list sorted once. The lists are sorted and the keys unique, so the order they were
-        made in makes no difference, but for a slope that is not a number: it compares neither below nor above any
-        other, and where one is, the jobs are indexed one by one, as `_reindex` would."""
+        """`_reindex` of every job holding GPUs as the round begins, into the round's new, empty index, in one go. The
+        index as the last round began is kept (`_index_base`): the keys that changed since are taken out of it and put
+        in again (`_patch_base`), else it is made whole (`_base_of`: the keys gathered, then each list sorted once);
+        the round then works on copies of it, a node's lists copied when the round first writes them (`_writable`).
+        At 800 nodes, most rounds change a few of the jobs listed, on a few nodes each, where the whole index lists
+        each job's key on every node it holds GPUs on. The lists are sorted and the keys unique, so the order they
+        were made in makes no difference, but for a slope that is not a number: it compares neither below nor above
+        any other, and where one is, the jobs are indexed one by one, as `_reindex` would (and nothing is kept)."""
         gathered, unordered = [], False
         for job in self._awake:
             if job.carried:  # as the last round began: the same key, on the same nodes
@@ -287,11 +309,39 @@ class _NodeIndex:
                 unordered = unordered or key[1] != key[1]
                 gathered.append((job, key))
         if unordered:
+            self._index_base = None
             for job in self._awake:
                 if job.g:
                     self._reindex(job)
             return
-        held, node_keys, unheld_keys, dkey, dnodes = self.held, self._node_keys, self._unheld_keys, self._dkey, self._dnodes
+        base = getattr(self, "_index_base", None)
+        if base is None or base.nidx is not self._nidx or not self._patch_base(base, gathered):
+            base = self._index_base = self._base_of(gathered)
+        # the round's own copies, which its attempts write (`_reindex`); a node's lists are the base's until the round
+        # writes them (`_writable`): the base stays as the round began
+        self.by_down, self._dkey, self._dnodes = base.by_down[:], dict(base.dkey), dict(base.dnodes)
+        self._node_keys, self._unheld_keys = defaultdict(list, base.node_keys), dict(base.unheld_keys)
+        self._own_keys, self._own_unheld = set(), set()
+        self._lo_p, self._lo_s, self._un_p, self._un_s = base.lo_p.copy(), base.lo_s.copy(), base.un_p.copy(), base.un_s.copy()
+
+    @staticmethod
+    def _writable(lists: dict[str, list[tuple]], own: set[str], node: str) -> list[tuple]:
+        """A node's list in `lists` (`_node_keys`, `_unheld_keys`) for the round to write: a copy of the base's the
+        first time (`own`: the nodes whose lists are the round's already), an empty one where the node has none."""
+        ks = lists.get(node)
+        if node not in own:
+            own.add(node)
+            ks = lists[node] = ks[:] if ks is not None else []
+        elif ks is None:
+            ks = lists[node] = []
+        return ks
+
+    def _base_of(self, gathered: list[tuple[_Job, tuple]]) -> _IndexBase:
+        """The index of the jobs `gathered` (job, key), made whole: the keys, then each list sorted once."""
+        held, base = self.held, _IndexBase(self._nidx, self._lo_p.copy(), self._lo_s.copy(), self._un_p.copy(),
+                                           self._un_s.copy())
+        node_keys, unheld_keys, dkey, dnodes, held_ids = (base.node_keys, base.unheld_keys, base.dkey, base.dnodes,
+                                                          base.held)
         keys, listed = [], set()
         for job, key in gathered:
             keys.append(key)
@@ -299,15 +349,24 @@ class _NodeIndex:
             nodes = dnodes[job.id] = job.index_nodes
             listed.update(nodes)
             if job.id in held:
+                held_ids.add(job.id)
                 for n in nodes:
-                    node_keys[n].append(key)
+                    ks = node_keys.get(n)
+                    if ks is None:
+                        node_keys[n] = [key]
+                    else:
+                        ks.append(key)
             else:
                 for n in nodes:
-                    node_keys[n].append(key)
+                    ks = node_keys.get(n)
+                    if ks is None:
+                        node_keys[n] = [key]
+                    else:
+                        ks.append(key)
                     unheld_keys.setdefault(n, []).append(key)
         keys.sort()
-        self.by_down = keys
-        nidx, lo_p, lo_s, un_p, un_s = self._nidx, self._lo_p, self._lo_s, self._un_p, self._un_s
+        base.by_down = keys
+        nidx, lo_p, lo_s, un_p, un_s = self._nidx, base.lo_p, base.lo_s, base.un_p, base.un_s
         for n in listed:
             i, ks = nidx[n], node_keys[n]
             ks.sort()
@@ -316,6 +375,63 @@ class _NodeIndex:
             if ks:
                 ks.sort()
                 un_p[i], un_s[i] = ks[0][0], ks[0][1]
+        return base
+
+    def _patch_base(self, base: _IndexBase, gathered: list[tuple[_Job, tuple]]) -> bool:
+        """Make the last round's index (`_index_base`, as that round began) this round's: the keys of the jobs no
+        longer listed, or listed otherwise (another key object, other nodes, held or not), taken out; theirs now put
+        in. The lists stay sorted and the keys are unique, so the result is the index `_base_of` makes whole. False,
+        touching nothing, where more keys go and come than are listed now (made whole then: as fast)."""
+        held, dkey, dnodes, held_ids = self.held, base.dkey, base.dnodes, base.held
+        changed, ids = [], set()
+        for job, key in gathered:
+            jid = job.id
+            ids.add(jid)
+            if dkey.get(jid) is not key or dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
+                changed.append((job, key))
+        gone = [jid for jid in dkey.keys() - ids]
+        gone += [job.id for job, _ in changed if job.id in dkey]
+        if len(gone) + len(changed) > len(gathered):
+            return False
+        by_down, node_keys, unheld_keys, bisect_left, insort = (base.by_down, base.node_keys, base.unheld_keys,
+                                                                bisect.bisect_left, bisect.insort)
+        nodes_changed = set()
+        for jid in gone:
+            key, nodes = dkey.pop(jid), dnodes.pop(jid)
+            del by_down[bisect_left(by_down, key)]
+            nodes_changed.update(nodes)
+            was_held = jid in held_ids
+            held_ids.discard(jid)
+            for n in nodes:
+                ks = node_keys[n]
+                del ks[bisect_left(ks, key)]
+                if not ks:
+                    del node_keys[n]
+                if not was_held:
+                    ks = unheld_keys[n]
+                    del ks[bisect_left(ks, key)]
+                    if not ks:
+                        del unheld_keys[n]
+        for job, key in changed:
+            jid = job.id
+            dkey[jid] = key
+            nodes = dnodes[jid] = job.index_nodes
+            insort(by_down, key)
+            nodes_changed.update(nodes)
+            is_held = jid in held
+            if is_held:
+                held_ids.add(jid)
+            for n in nodes:
+                insort(node_keys.setdefault(n, []), key)
+                if not is_held:
+                    insort(unheld_keys.setdefault(n, []), key)
+        nidx, lo_p, lo_s, un_p, un_s, inf = self._nidx, base.lo_p, base.lo_s, base.un_p, base.un_s, math.inf
+        for n in nodes_changed:
+            i, ks = nidx[n], node_keys.get(n)
+            lo_p[i], lo_s[i] = (ks[0][0], ks[0][1]) if ks else (inf, inf)
+            ks = unheld_keys.get(n)
+            un_p[i], un_s[i] = (ks[0][0], ks[0][1]) if ks else (inf, inf)
+        return True
 
     def _reindex(self, job: _Job) -> None:
         if self._room_of is not None:  # its GPUs over its minimum, its guarantee, whether it is in the index
@@ -330,21 +446,22 @@ class _NodeIndex:
         if key == old and (key is None or self._dnodes[job.id] == tuple(job.g_on)):
             return  # listed as it is already (an attempt undone leaves most jobs so)
         unheld = self._unheld_keys if job.id not in self.held else None
+        node_keys, own, own_unheld, writable = self._node_keys, self._own_keys, self._own_unheld, self._writable
         if old is not None:
             del self._dkey[job.id]
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
-                self._unlist(self._node_keys[node], old, node, self._lo_p, self._lo_s)
+                self._unlist(writable(node_keys, own, node), old, node, self._lo_p, self._lo_s)
                 if unheld is not None:
-                    self._unlist(unheld[node], old, node, self._un_p, self._un_s)
+                    self._unlist(writable(unheld, own_unheld, node), old, node, self._un_p, self._un_s)
         if key is not None:
             bisect.insort(self.by_down, key)
             self._dkey[job.id] = key
             nodes = self._dnodes[job.id] = tuple(job.g_on)
             for node in nodes:
-                self._enlist(self._node_keys[node], key, node, self._lo_p, self._lo_s)
+                self._enlist(writable(node_keys, own, node), key, node, self._lo_p, self._lo_s)
                 if unheld is not None:
-                    self._enlist(unheld.setdefault(node, []), key, node, self._un_p, self._un_s)
+                    self._enlist(writable(unheld, own_unheld, node), key, node, self._un_p, self._un_s)
 
     def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray) -> None:
         """Put `key` in a node's sorted `keys`, and the node's lowest in `p` and `s` where it becomes the lowest."""

@@ -538,6 +538,52 @@ def test_the_free_gpus_kept_between_events_are_those_counted_again(monkeypatch, 
     assert seen["asked"] > 50 and seen["kept"] > 10
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed):
+    """A round's slope index is the last round's as it began (`_index_base`), its changed jobs taken out and put in
+    again (`_patch_base`). After every round's `_index_all` it equals the index made whole from the same keys (every
+    node lost and back between, where the layout changes and the index is made whole); the round writes only its own
+    copies (the kept index is as it was made when the next round comes); and the events are the bytes of a core that
+    makes it whole every round."""
+    import numpy as np
+    real = engine_mod.RubickEngine._index_all
+    seen = {"rounds": 0, "patched": 0}
+
+    def snapshot(base):
+        return (base.by_down[:], dict(base.dkey), dict(base.dnodes), {n: ks[:] for n, ks in base.node_keys.items()},
+                {n: ks[:] for n, ks in base.unheld_keys.items()}, set(base.held),
+                [a.copy() for a in (base.lo_p, base.lo_s, base.un_p, base.un_s)])
+
+    def checked(self):
+        before = getattr(self, "_index_base", None)
+        if before is not None:  # the last round read it and wrote its own copies: the base is as it was made
+            kept, now = seen["snapshot"], snapshot(before)
+            assert kept[:6] == now[:6] and all(np.array_equal(a, b) for a, b in zip(kept[6], now[6]))
+        real(self)
+        base = self._index_base
+        seen["snapshot"] = snapshot(base)
+        seen["rounds"] += 1
+        seen["patched"] += base is before
+        inf = np.full(len(self._nidx), math.inf)
+        fresh_arrays = (self._lo_p, self._lo_s, self._un_p, self._un_s)
+        self._lo_p, self._lo_s, self._un_p, self._un_s = inf.copy(), inf.copy(), inf.copy(), inf.copy()
+        fresh = self._base_of([(j, j.index_key) for j in self._awake if j.index_key is not None])
+        self._lo_p, self._lo_s, self._un_p, self._un_s = fresh_arrays
+        assert self.by_down == fresh.by_down and self.by_down is not base.by_down
+        assert self._dkey == fresh.dkey and self._dnodes == fresh.dnodes
+        assert {n: ks for n, ks in self._node_keys.items() if ks} == fresh.node_keys
+        assert {n: ks for n, ks in self._unheld_keys.items() if ks} == {n: ks for n, ks in fresh.unheld_keys.items() if ks}
+        for mine, made in zip(fresh_arrays, (fresh.lo_p, fresh.lo_s, fresh.un_p, fresh.un_s)):
+            assert np.array_equal(mine, made)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_index_all", checked)
+    patched, _ = drive(seed, owners=True)
+    assert seen["patched"] > seen["rounds"] // 2 and seen["rounds"] - seen["patched"] >= 2
+    monkeypatch.setattr(engine_mod.RubickEngine, "_patch_base", lambda self, base, gathered: False)
+    whole, _ = drive(seed, owners=True)
+    assert patched == whole
+
+
 def test_a_round_between_two_submissions_counts_the_free_gpus_again(monkeypatch):
     """Two best-effort submissions a second apart, nothing from the agents between them: the first finds free
     GPUs and runs a round that places it; the second asks again and sees what the round left."""
