@@ -392,6 +392,7 @@ class PolicyCore:
         running or guaranteed job every round: what it reads of the service is looked up once."""
         progress, changed_at, changes, ref_iter = self.progress.get, self.changed_at.get, self.changes, self.ref_iter.get
         ticking, inf = self.tick_period_s > 0, math.inf
+        window = getattr(self.engine, "hold_backoff_s", 0.0)
         for inp, job in pairs:
             job_id = job.job_id
             running = job.status == "running"
@@ -406,7 +407,13 @@ class PolicyCore:
             elapsed = t - job.submitted_at
             inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0
             inp.changed_s = t - changed_at(job_id, -inf) if ticking else inf
-            inp.recent_changes = self._recent_changes(job_id, t) if job_id in changes else 0
+            times = changes.get(job_id)  # its changes within the engine's `hold_backoff_s` (older ones forgotten)
+            if times and window > 0:
+                if t - min(times) >= window:  # some left the window (they are not always in time order)
+                    times[:] = [x for x in times if t - x < window]
+                inp.recent_changes = len(times)
+            else:
+                inp.recent_changes = 0
             inp.ref_iter_s = ref_iter(job_id, inf)
 
     def _inputs(self, t: float) -> list[JobIn]:
@@ -477,16 +484,6 @@ class PolicyCore:
                 moving.discard(job_id)
         self._forward(((listed[job_id], states[job_id]) for job_id in moving if job_id not in made), t)
         return listed
-
-    def _recent_changes(self, job_id: str, t: float) -> int:
-        """Its changes within the engine's `hold_backoff_s` before `t` (older ones forgotten)."""
-        window = getattr(self.engine, "hold_backoff_s", 0.0)
-        times = self.changes.get(job_id)
-        if not times or window <= 0:
-            return 0
-        if t - min(times) >= window:  # some left the window (they are not always in time order)
-            times[:] = [x for x in times if t - x < window]
-        return len(times)
 
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
