@@ -20,6 +20,11 @@ _SKIP_FROM = 96
 shorter one, working out which to pass costs more than reading each (rounds on 80 nodes ran faster walking them)"""
 
 
+def _signs_differ(a: float, b: float) -> bool:
+    """Whether two slopes that compare equal are 0.0 and -0.0 (a key is kept only where it is the same in every part)."""
+    return a == 0.0 and math.copysign(1.0, a) != math.copysign(1.0, b)
+
+
 class _IndexBase:
     """The slope index as a round began (`_NodeIndex._index_all`), kept for the next round to patch: its own lists, never
     the ones a round writes. `nidx` is the layout's node -> index its arrays are by; `held` the ids listed as held."""
@@ -379,15 +384,19 @@ class _NodeIndex:
 
     def _patch_base(self, base: _IndexBase, gathered: list[tuple[_Job, tuple]]) -> bool:
         """Make the last round's index (`_index_base`, as that round began) this round's: the keys of the jobs no
-        longer listed, or listed otherwise (another key object, other nodes, held or not), taken out; theirs now put
-        in. The lists stay sorted and the keys are unique, so the result is the index `_base_of` makes whole. False,
-        touching nothing, where more keys go and come than are listed now (made whole then: as fast)."""
+        longer listed, or listed otherwise (another key, other nodes, held or not), taken out; theirs now put in (a
+        key made again with the same parts stays listed as it is). The lists stay sorted and the keys are unique, so
+        the result is the index `_base_of` makes whole. False, touching nothing, where more keys go and come than are
+        listed now (made whole then: as fast)."""
         held, dkey, dnodes, held_ids = self.held, base.dkey, base.dnodes, base.held
         changed, ids = [], set()
         for job, key in gathered:
             jid = job.id
             ids.add(jid)
-            if dkey.get(jid) is not key or dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
+            was = dkey.get(jid)
+            if was is not key and (was is None or was != key or _signs_differ(was[1], key[1])):
+                changed.append((job, key))  # a key made again with the same parts stays listed as it is
+            elif dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
                 changed.append((job, key))
         gone = [jid for jid in dkey.keys() - ids]
         gone += [job.id for job, _ in changed if job.id in dkey]
