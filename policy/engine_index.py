@@ -37,7 +37,7 @@ class _IndexBase:
         self.by_down: list[tuple] = []
         self.dkey: dict[str, tuple] = {}
         self.dnodes: dict[str, tuple[str, ...]] = {}
-        self.node_keys: dict[str, list[tuple]] = {}
+        self.node_keys: dict[str, list[tuple]] = defaultdict(list)
         self.unheld_keys: dict[str, list[tuple]] = {}
         self.held: set[str] = set()
 
@@ -356,18 +356,10 @@ class _NodeIndex:
             if job.id in held:
                 held_ids.add(job.id)
                 for n in nodes:
-                    ks = node_keys.get(n)
-                    if ks is None:
-                        node_keys[n] = [key]
-                    else:
-                        ks.append(key)
+                    node_keys[n].append(key)
             else:
                 for n in nodes:
-                    ks = node_keys.get(n)
-                    if ks is None:
-                        node_keys[n] = [key]
-                    else:
-                        ks.append(key)
+                    node_keys[n].append(key)
                     unheld_keys.setdefault(n, []).append(key)
         keys.sort()
         base.by_down = keys
@@ -393,12 +385,11 @@ class _NodeIndex:
         for job, key in gathered:
             jid = job.id
             ids.add(jid)
-            was = dkey.get(jid)
-            if was is not key and (was is None or was != key or _signs_differ(was[1], key[1])):
-                changed.append((job, key))  # a key made again with the same parts stays listed as it is
-            elif dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
+            was = dkey.get(jid)  # a key made again with the same parts stays listed as it is
+            same = was is key or (was is not None and was == key and not _signs_differ(was[1], key[1]))
+            if not same or dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
                 changed.append((job, key))
-        gone = [jid for jid in dkey.keys() - ids]
+        gone = list(dkey.keys() - ids)
         gone += [job.id for job, _ in changed if job.id in dkey]
         if len(gone) + len(changed) > len(gathered):
             return False
@@ -431,7 +422,7 @@ class _NodeIndex:
             if is_held:
                 held_ids.add(jid)
             for n in nodes:
-                insort(node_keys.setdefault(n, []), key)
+                insort(node_keys[n], key)
                 if not is_held:
                     insort(unheld_keys.setdefault(n, []), key)
         nidx, lo_p, lo_s, un_p, un_s, inf = self._nidx, base.lo_p, base.lo_s, base.un_p, base.un_s, math.inf
