@@ -45,9 +45,10 @@ from .curves import Best, JobKind, PlanBook, down_table, knee, packed, up_table
 from .engine_guarantees import _Guarantees
 from .engine_index import _NodeIndex
 from .engine_outcome import _Outcomes
+from .engine_place import _Placing
 from .engine_search import _Search
 from .plans import canonical
-from .records import _NOBODY, EPS, JobIn, NodeCap, Outcome, _covers, _Job
+from .records import EPS, JobIn, NodeCap, Outcome, _covers, _Job
 
 __all__ = ["EPS", "MAX_HOLD_FACTOR", "JobIn", "NodeCap", "Outcome", "RubickEngine"]
 
@@ -57,7 +58,7 @@ MAX_HOLD_FACTOR = 16
 
 
 @dataclass
-class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
+class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
     book: PlanBook
     restart_cost_s: float = 78.0
     quotas: dict[str, int] | None = None
@@ -130,15 +131,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         where none); `_reindex` keeps them"""
         self._un_p, self._un_s = layout[6].copy(), layout[6].copy()
         """the same for the keys of the jobs not held (`_unheld_keys`)"""
-        self.free_g, self.free_c, self.free_m = dict(layout[7]), dict(layout[8]), dict(layout[9])
-        self.on_node: dict[str, set[str] | frozenset[str]] = dict.fromkeys(self.order, _NOBODY)
-        """node -> the ids of the jobs holding GPUs there (one shared empty set where none does: a round makes a node's
-        set as it places a job there, and an attempt writes a new one)"""
         last_round = getattr(self, "jobs", {})
         """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
         last_awake = getattr(self, "_awake", ())
-        self.placed: dict[str, _Job] = {}
-        """jobs holding GPUs (a superset: entries may have dropped to zero)."""
         self.by_down: list[tuple[int, float, int, str]] = []
         """(priority, slope, -order, id) of every job holding GPUs over its minimum, lowest priority, then
         lowest slope first."""
@@ -208,6 +203,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
         if not ended:  # a round cut short (an error) gave none of the outcomes it made: every record's is given again
             for record in last_round.values():
                 record.given = None
+            self._place_base = None  # its records may be half written: every job is placed again
         self._ended = False
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""
@@ -691,86 +687,6 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes):
             if memo is None or memo[0] is not version or memo[1] != cpg or memo[2] != ref or len(memo[3]) >= 4:
                 memo = job.tables_memo = (version, cpg, ref, {})
             memo[3][(want_g, min_g)] = (job.up_tab, job.down_tab)
-
-    def _place_current(self) -> None:
-        nodes, free_g, free_c, free_m, on_node = self.nodes, self.free_g, self.free_c, self.free_m, self.on_node
-        placed = self.placed
-        for job in self._awake:  # every running job, every round: written for speed (`_cpg_of` worked out inline)
-            current = job.inp.current
-            if not current:
-                continue
-            if job.carried:  # placed as it was, if every part of it still fits (nothing is cut): else made again
-                rows = job.current_rows[2]
-                for node, g, c, m in rows:
-                    if g > 0 and (node not in nodes or free_g[node] < g or free_c[node] < c or (m and m > free_m[node])):
-                        self._clear(job)
-                        break
-                else:
-                    for node, g, c, m in rows:
-                        if g > 0:
-                            free_g[node] -= g
-                            free_c[node] -= c
-                            if m and m > 0:
-                                free_m[node] -= m
-                            held_by = on_node[node]
-                            if held_by is _NOBODY:
-                                on_node[node] = {job.id}
-                            else:
-                                held_by.add(job.id)
-                    placed[job.id] = job
-                    continue
-            g_on, c_on, job_id = job.g_on, job.c_on, job.id
-            total, low, whole = 0, None, True
-            rows, current_mem = job.current_rows, job.inp.current_mem
-            if rows is None or rows[0] is not current or rows[1] is not current_mem:
-                rows = job.current_rows = (current, current_mem, [(node, g, c, current_mem.get(node))
-                                                                  for node, (g, c) in sorted(current.items())])
-            for node, g, c, m in rows[2]:
-                if node not in nodes or g <= 0:
-                    if g > 0:
-                        job.forced, whole = True, False
-                        job.reason, job.detail = "node-lost", {"node": node}
-                    continue
-                fg, fc = free_g[node], free_c[node]
-                if fg < g:
-                    g, whole = fg, False
-                if fc < c:
-                    c, whole = fc, False
-                if g <= 0:
-                    job.forced = True
-                    continue
-                g_on[node] = g
-                c_on[node] = c
-                total += g
-                free_g[node] = fg - g
-                free_c[node] = fc - c
-                r = c // g
-                if low is None or r < low:
-                    low = r
-                if m:
-                    if m > free_m[node]:
-                        m, whole = max(0.0, free_m[node]), False
-                    if m > 0:
-                        job.mem_on[node] = m
-                        free_m[node] -= m
-                held_by = on_node[node]
-                if held_by is _NOBODY:
-                    on_node[node] = {job_id}
-                else:
-                    held_by.add(job_id)
-                placed[job_id] = job
-            job.whole = whole
-            if total:
-                job.g += total
-                gpus, cpg = tuple(g_on.values()), (low if low > 1 else 1)
-                memo = job.placed_memo
-                if memo is not None and memo[0] == gpus and memo[1] == cpg and memo[2] is job.version:
-                    best = memo[3]  # what it held last round, at the same model version: the same best plan
-                else:
-                    best = self._best_on(job, gpus, cpg)
-                    job.placed_memo = (gpus, cpg, job.version, best)
-                job.best = best
-                job.placed = (gpus, cpg, best)
 
     def _sort_by_slope(self) -> list[tuple]:
         """The queue's keys, lowest first, each ending in its job: the jobs awake this round (`_asleep`), but those a
