@@ -12,9 +12,10 @@ else it places every job again, as cheap then."""
 
 class _PlaceBase:
     """The free GPUs, CPUs and memory of each node, the jobs holding GPUs there and the jobs placed, as a round's
-    `_place_current` left them with every job placed whole (nothing cut): kept for the next round to patch, and never
-    written by a round (it works on copies; a node's set of jobs is replaced, never changed). `rows` is job id -> the
-    rows (`_Job.current_rows`' list) it was placed by; `layout` the `_layout` they were placed on."""
+    `_place_current` left them with every job placed whole (nothing cut): kept for the next round to patch. Only that
+    patch writes it, before the round copies it; the round works on its copies (a node's set of jobs is replaced,
+    never changed). `rows` is job id -> the rows (`_Job.current_rows`' list) it was placed by; `layout` the `_layout`
+    they were placed on."""
 
     __slots__ = ("free_c", "free_g", "free_m", "layout", "on_node", "placed", "rows")
 
