@@ -86,8 +86,9 @@ class Watcher:
             if got:
                 return got
             await asyncio.sleep(0.1)
-        seen = [(e.subject, getattr(e.payload, "job_id", "")) for e in self.events if not e.subject.startswith("node.h")
-                and e.base != "metrics.iteration"]
+        seen = [(e.subject, getattr(e.payload, "job_id", ""), *([e.payload.reason] if e.base.endswith(".rejected") else []))
+                for e in self.events if not e.subject.startswith("node.h") and e.base != "metrics.iteration"]
+        """what came, a refusal with its reason (a timeout under load is otherwise hard to read)"""
         raise AssertionError(f"timed out waiting for {message or what}; saw {seen}")
 
 
