@@ -201,7 +201,9 @@ class _NodeIndex:
         short = len(tail) <= _SKIP_FROM
         n, j, k = len(tidx), 0, 0
         cand = seen_at = None
-        lows: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
+        lows: dict[bool, tuple[np.ndarray | None, np.ndarray | None, np.ndarray]] = {}
+        """held left out or not -> (the tail's lowest keys of a priority below the job's, of its priority: both None
+        where every one is of its priority; their slopes plus `EPS`), worked out once: only the slope limit moves"""
         while j < n:
             unheld = self._skipped_held
             if job.g < job.min_g or not math.isfinite(limit := job.up()) or (short and not unheld):
@@ -214,11 +216,15 @@ class _NodeIndex:
             else:
                 low = lows.get(unheld)
                 if low is None:
-                    low = lows[unheld] = ((self._un_p[tidx], self._un_s[tidx]) if unheld
-                                          else (self._lo_p[tidx], self._lo_s[tidx]))
-                low_p, low_s = low
-                prio = job.inp.priority
-                mask = (low_p < prio) | ((low_p == prio) & (low_s + EPS < limit))
+                    low_p, low_s = ((self._un_p[tidx], self._un_s[tidx]) if unheld
+                                    else (self._lo_p[tidx], self._lo_s[tidx]))
+                    prio = job.inp.priority
+                    same = low_p == prio
+                    low = lows[unheld] = ((None, None, low_s + EPS) if same.all()
+                                          else (low_p < prio, same, low_s + EPS))
+                below, same, slope = low
+                # a key below the job's: of a lower priority, or of its own and a slope below its own
+                mask = slope < limit if below is None else below | (same & (slope < limit))
                 extra = [*self._dnodes.get(job.id, ())]
                 for v in victims.values():
                     extra.extend(v.g_on)
