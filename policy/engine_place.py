@@ -156,8 +156,9 @@ class _Placing:
 
     def _patch_placement(self, base: _PlaceBase) -> bool:
         """The kept placement made this round's: the jobs in it that went (or are no longer placed by the same rows)
-        taken out, the jobs that came (or changed) put in, in place; False, with nothing written, where that is not
-        what placing every job in turn would make. A job carried with the rows it was kept by stays as it is.
+        taken out, the jobs that came (or changed) put in, in place; False, with nothing of the placement written (a
+        job's rows may have been made again, as placing it makes them), where that is not what placing every job in
+        turn would make. A job carried with the rows it was kept by stays as it is.
 
         Every job was placed whole in the kept placement, on the same nodes; where every job that came still fits
         whole, each node's free GPUs and CPUs less all its jobs' are at least zero, and then placing the jobs in any
