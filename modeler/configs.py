@@ -65,13 +65,25 @@ class Layout:
 
 @lru_cache(maxsize=1 << 16)
 def layout(gpus_per_node: tuple[int, ...], dp: int, tp: int, pp: int) -> Layout:
-    """Place ranks (TP innermost, then DP, then PP) on the nodes in order; see which groups cross."""
-    node_of = np.repeat(np.arange(len(gpus_per_node)), gpus_per_node).reshape(pp, dp, tp)
+    """Place ranks (TP innermost, then DP, then PP) on the nodes in order; see which groups cross.
 
-    def crosses(axis: int) -> bool:
-        return bool((node_of.max(axis=axis) != node_of.min(axis=axis)).any())
-
-    return Layout(dp_inter=crosses(1), tp_inter=crosses(2), pp_inter=crosses(0), nodes=len(gpus_per_node),
+    Rank r = (i_pp * dp + i_dp) * tp + i_tp fills the nodes in order, so the node of a rank never decreases with it: a
+    group (a TP group: `tp` ranks in a row; a DP group: `dp` ranks `tp` apart; a PP group: `pp` ranks `dp * tp`
+    apart) crosses nodes exactly where its first and last ranks are on different nodes. Plain integers: the policy
+    asks this of every placement its searches trim to (most of them new), and arrays cost more than the walk."""
+    node_of: list[int] = []
+    for n, g in enumerate(gpus_per_node):
+        if g < 0:
+            raise ValueError(f"a node cannot hold {g} GPUs")
+        node_of.extend([n] * g)
+    total, block = len(node_of), dp * tp
+    if total != block * pp or total == 0:
+        raise ValueError(f"dp*tp*pp = {dp}*{tp}*{pp} ranks do not fill a placement of {total} GPUs")
+    tp_inter = tp > 1 and any(node_of[s] != node_of[s + tp - 1] for s in range(0, total, tp))
+    dp_inter = dp > 1 and any(node_of[s + j] != node_of[s + j + (dp - 1) * tp]
+                              for s in range(0, total, block) for j in range(tp))
+    pp_inter = pp > 1 and any(node_of[j] != node_of[j + (pp - 1) * block] for j in range(block))
+    return Layout(dp_inter=bool(dp_inter), tp_inter=bool(tp_inter), pp_inter=bool(pp_inter), nodes=len(gpus_per_node),
                   min_node_gpus=min(gpus_per_node))
 
 

@@ -65,8 +65,9 @@ def canonical(placement) -> tuple[int, ...]:
 _CANONICAL: dict[tuple, tuple[int, ...]] = {}
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@lru_cache(maxsize=1 << 12)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def enumerate_plans(model: ModelType, global_batch: int, placement: tuple[int, ...],

@@ -83,6 +83,44 @@ def test_layout_agrees_with_a_rank_walk(nodes, data):
     assert (lay.tp_inter, lay.dp_inter, lay.pp_inter) == (tp_x, dp_x, pp_x)
 
 
+def _walked(nodes: tuple[int, ...], dp: int, tp: int, pp: int) -> tuple[bool, bool, bool]:
+    """(dp, tp, pp crossing nodes) read off every rank's node: rank = i_tp + tp * (i_dp + dp * i_pp)."""
+    node_of = [n for n, g in enumerate(nodes) for _ in range(g)]
+
+    def rank(i_tp, i_dp, i_pp):
+        return i_tp + tp * (i_dp + dp * i_pp)
+
+    return (any(len({node_of[rank(i, j, k)] for j in range(dp)}) > 1 for i in range(tp) for k in range(pp)),
+            any(len({node_of[rank(i, j, k)] for i in range(tp)}) > 1 for j in range(dp) for k in range(pp)),
+            any(len({node_of[rank(i, j, k)] for k in range(pp)}) > 1 for i in range(tp) for j in range(dp)))
+
+
+def test_layout_agrees_with_the_rank_walk_on_every_small_placement():
+    """Every placement of up to 3 nodes of 0-8 GPUs and 4 nodes of 1-6 (in any order, empty nodes too), at every
+    dp * tp * pp that fills it: the crossings, the node count and the smallest node."""
+    import itertools
+
+    places = [p for k in (1, 2, 3) for p in itertools.product(range(9), repeat=k) if sum(p)]
+    places += list(itertools.product(range(1, 7), repeat=4))
+    checked = 0
+    for nodes in places:
+        gpus = sum(nodes)
+        for tp in (k for k in range(1, gpus + 1) if gpus % k == 0):
+            for pp in (k for k in range(1, gpus // tp + 1) if (gpus // tp) % k == 0):
+                dp = gpus // (tp * pp)
+                lay = layout(nodes, dp, tp, pp)
+                assert (lay.dp_inter, lay.tp_inter, lay.pp_inter) == _walked(nodes, dp, tp, pp), (nodes, dp, tp, pp)
+                assert (lay.nodes, lay.min_node_gpus) == (len(nodes), min(nodes))
+                checked += 1
+    assert checked > 18_000
+
+
+@pytest.mark.parametrize("nodes, dp, tp, pp", [((8,), 3, 1, 1), ((4, 4), 2, 2, 3), ((), 1, 1, 1), ((4, -2), 1, 2, 1)])
+def test_layout_refuses_ranks_that_do_not_fill_the_placement(nodes, dp, tp, pp):
+    with pytest.raises(ValueError):
+        layout(nodes, dp, tp, pp)
+
+
 def test_from_configs_matches_the_table_reader():
     cfg = Config(plan=Plan(dp=2, tp=4), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16, ga_auto=True)
     a = ConfigBatch.from_configs([cfg])
