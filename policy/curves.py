@@ -325,13 +325,35 @@ def slope_down(curve: np.ndarray, at: int, floor: int = 0) -> float:
 
 
 def up_table(curve: np.ndarray, upto: int) -> np.ndarray:
-    """`slope_up(curve, g, upto)` for every g."""
-    return np.array([slope_up(curve, g, upto) for g in range(len(curve))])
+    """`slope_up(curve, g, upto)` for every g, in one pass: row g of a matrix holds the gain per unit from g to
+    every j above it up to `upto` (each the same quotient `slope_up` works out), the rest of the row -inf."""
+    n = len(curve)
+    out = np.zeros(n)
+    hi = min(upto, n - 1)
+    if hi >= 1:  # `slope_up` is 0 from g = hi on (g at `upto`, or at the curve's end)
+        span = np.arange(hi + 1)
+        steps = span[None, :] - span[:hi, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gains = (curve[None, :hi + 1] - curve[:hi, None]) / steps
+        gains[steps <= 0] = -np.inf
+        out[:hi] = np.maximum(gains.max(axis=1), 0.0)
+    return out
 
 
 def down_table(curve: np.ndarray, floor: int) -> np.ndarray:
-    """`slope_down(curve, g, floor)` for every g."""
-    return np.array([slope_down(curve, g, floor) for g in range(len(curve))])
+    """`slope_down(curve, g, floor)` for every g, in one pass: row g of a matrix holds the loss per unit from g down
+    to every j from `floor` (at least 0) up to g, the rest of the row +inf."""
+    n = len(curve)
+    out = np.zeros(n)
+    lo = max(floor, 0)
+    if lo + 1 < n:  # `slope_down` is 0 up to g = lo (at or under the floor, or at 0)
+        rows, cols = np.arange(lo + 1, n), np.arange(lo, n - 1)
+        steps = rows[:, None] - cols[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            losses = (curve[lo + 1:, None] - curve[None, lo:n - 1]) / steps
+        losses[steps <= 0] = np.inf
+        out[lo + 1:] = np.maximum(losses.min(axis=1), 0.0)
+    return out
 
 
 def knee(curve: np.ndarray, upto: int | None = None) -> int:

@@ -170,3 +170,25 @@ def test_the_plans_a_kind_keeps_per_placement_are_those_it_would_enumerate_again
     assert kind.__dict__["_plans"].keys() == set(places)
     assert kind == JobKind(model, model.spec.global_batch_size, template=template)  # what it keeps is not a field
     assert hash(kind) == hash(JobKind(model, model.spec.global_batch_size, template=template))
+
+
+def test_slope_tables_are_the_slopes_worked_out_one_by_one():
+    """`up_table` and `down_table` work a whole curve out in one pass; each entry must be the very float `slope_up` or
+    `slope_down` gives at that count (the job's slopes and the index's keys are compared exactly), for running
+    maxima like the book's curves and for curves that fall, at every want and floor in and around the curve."""
+    import random
+
+    from policy.curves import down_table, slope_down, slope_up, up_table
+
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(400):
+        size = rng.choice([1, 2, 3, 9, 17, 65])
+        raw = np.array([0.0] + [rng.choice([0.0, rng.random() * 100, rng.random()]) for _ in range(size - 1)])
+        for curve in (np.maximum.accumulate(raw) / rng.choice([1.0, 3.7, 0.013]), raw):
+            for at in range(-1, size + 2):
+                assert up_table(curve, at).tolist() == [slope_up(curve, g, at) for g in range(size)]
+                assert down_table(curve, at).tolist() == [slope_down(curve, g, at) for g in range(size)]
+                checked += 1
+    assert checked > 10_000
+
