@@ -124,9 +124,11 @@ def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch, states: 
         todo = left & (per_rank % a == 0)
         if not todo.any():
             continue
-        trial = batch.take(todo)
+        every = todo.all()  # most often the first count tried, on every row: nothing to take apart
+        trial = batch if every else batch.take(todo)
         trial = ConfigBatch(**{**trial.__dict__, "ga_steps": np.full(len(trial), a, dtype=np.int64)})
-        fits = (gpu_bytes(model, trial) if states is None else _gpu_bytes(model, trial, states[todo])) <= limit
+        fits = (gpu_bytes(model, trial) if states is None
+                else _gpu_bytes(model, trial, states if every else states[todo])) <= limit
         idx = np.flatnonzero(todo)
         ga[idx[fits | (a == per_rank[idx])]] = a
         left = ga == 0

@@ -75,7 +75,23 @@ def _batch(model: ModelType, global_batch: int, items: Sequence[Item], ga_auto: 
 
 
 def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
-    return tuple(p if p.ga_steps == int(a) else replace(p, ga_steps=int(a)) for p, a in zip(plans, ga))
+    out = []
+    for p, a in zip(plans, ga.tolist()):
+        if p.ga_steps != a:
+            key = (p, a)
+            q = _GA_PLANS.get(key)
+            if q is None:  # the same plans come back resolved the same way (a placement's plans are kept)
+                q = replace(p, ga_steps=a)
+                if len(_GA_PLANS) >= 1 << 14:
+                    _GA_PLANS.clear()
+                _GA_PLANS[key] = q
+            p = q
+        out.append(p)
+    return tuple(out)
+
+
+_GA_PLANS: dict[tuple[Plan, int], Plan] = {}
+"""(plan, GA steps) -> the plan with those steps (`_with_ga`): `dataclasses.replace` costs more than the lookup"""
 
 
 @dataclass
