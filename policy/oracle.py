@@ -90,6 +90,9 @@ def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
     return tuple(out)
 
 
+_ANSWERS_KEPT = 1 << 13
+"""answers `ModelOracle` keeps per model type (`_keep`): past that, they are dropped and kept afresh"""
+
 _GA_PLANS: dict[tuple[Plan, int], Plan] = {}
 """(plan, GA steps) -> the plan with those steps (`_with_ga`): `dataclasses.replace` costs more than the lookup"""
 
@@ -128,6 +131,10 @@ class ModelOracle(_MemoryMixin):
     `model.updated`'s `error_bounds`): how much a prediction may be too fast. The policy's guarantee
     margins for the type where there are some."""
 
+    _answers: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
+    """model type -> (its version, {(global batch, placement, CPUs per GPU (0 without offload), plan): (seconds
+    per iteration, GA steps)}): `evaluate_many`'s answers kept for `observe` (`_keep`)"""
+
     cpus_offload_only = True
     """The model's CPU count enters only ZeRO-Offload's times (`modeler.perf_model`): a plan without offload takes
     the same at every count (`PlanBook.fill` asks once for it). A table's rows may say otherwise: `TableOracle`
@@ -146,10 +153,13 @@ class ModelOracle(_MemoryMixin):
         if key in self.measured:
             return False
         self.measured.add(key)
-        try:
-            times, plans = self.evaluate_many(model, global_batch, [(key[2], cpus_per_gpu or 1, plan)])
-        except ConfigError:
-            return False
+        answer = self._kept_answer(model, global_batch, key[2], cpus_per_gpu or 1, plan)
+        if answer is None:
+            try:
+                answer = self.evaluate_many(model, global_batch, [(key[2], cpus_per_gpu or 1, plan)])
+            except ConfigError:
+                return False
+        times, plans = answer
         predicted = float(times[0])
         if plans[0] != plan or not (predicted > 0 and math.isfinite(predicted)):
             return False
@@ -173,7 +183,35 @@ class ModelOracle(_MemoryMixin):
         batch, ok = self.resolved(model, global_batch, items)
         params = self.params.get(model.name, PerfParams())
         times = np.where(ok, t_iter(model, self.env, params, batch), np.inf)
+        self._keep(model.name, global_batch, items, times, batch.ga_steps)
         return times, _with_ga([p for _, _, p in items], batch.ga_steps)
+
+    def _keep(self, name: str, global_batch: int, items: Sequence[Item], times: np.ndarray, ga: np.ndarray) -> None:
+        """Keep what `evaluate_many` answered for each item whose plan leaves its GA steps at the default (every plan
+        the policy enumerates), under the type's version, for `observe` (`_kept_answer`)."""
+        version = self.versions.get(name, 0)
+        held = self._answers.get(name)
+        if held is None or held[0] != version or len(held[1]) >= _ANSWERS_KEPT:
+            held = self._answers[name] = (version, {})
+        kept = held[1]
+        for (place, cpg, plan), t, a in zip(items, times.tolist(), ga.tolist()):
+            if plan.ga_steps == 1:
+                kept[(global_batch, place, cpg if plan.offload else 0, plan)] = (t, a)
+
+    def _kept_answer(self, model: ModelType, global_batch: int, place: tuple[int, ...], cpg: int,
+                     plan: Plan) -> tuple[np.ndarray, tuple[Plan, ...]] | None:
+        """`evaluate_many` of the one item, where an earlier call of this version answered it (None where not). Its
+        answer is the same: the GA steps are the modeler's to choose (the plan's own are not read), each item's
+        time is worked out on its own, and without ZeRO-Offload the CPUs enter no time (`cpus_offload_only`)."""
+        held = self._answers.get(model.name)
+        if held is None or held[0] != self.versions.get(model.name, 0):
+            return None
+        hit = held[1].get((global_batch, place, cpg if plan.offload else 0,
+                           plan if plan.ga_steps == 1 else replace(plan, ga_steps=1)))
+        if hit is None:
+            return None
+        t, a = hit
+        return np.array([t]), (plan if plan.ga_steps == a else replace(plan, ga_steps=a),)
 
 
 @dataclass

@@ -192,3 +192,36 @@ def test_slope_tables_are_the_slopes_worked_out_one_by_one():
                 checked += 1
     assert checked > 10_000
 
+
+def test_observe_reads_the_answer_the_book_was_given_as_a_fresh_evaluation_gives_it():
+    """`ModelOracle.observe` compares a job's first measured iteration with the prediction for its configuration. An
+    answer `evaluate_many` gave before under the same version stands in for asking again: the same seconds to the
+    bit and the same resolved plan, whatever GA steps the measured plan carries, at any CPU count for a plan without
+    offload; none after a refit."""
+    from dataclasses import replace
+
+    oracle, models = from_modeler(MODELER)
+    fresh, _ = from_modeler(MODELER)
+    served = 0
+    for name in ("gpt2", "llama7", "bert"):
+        model = models[name]
+        gbs = model.spec.global_batch_size
+        for place in ((8,), (8, 8), (8, 4), (6, 6, 6), (5, 5)):
+            plans = enumerate_plans(model, gbs, place)
+            items = [(place, c, p) for p in plans for c in (1, 3)]
+            if not items:
+                continue
+            oracle.evaluate_many(model, gbs, items)
+            for _, c, p in items:
+                for ga in (1, 2, 4):
+                    asked, cpg = replace(p, ga_steps=ga), c if p.offload else c + 5  # a count never asked
+                    kept = oracle._kept_answer(model, gbs, place, cpg, asked)
+                    assert kept is not None
+                    times, resolved = fresh.evaluate_many(model, gbs, [(place, cpg, asked)])
+                    assert kept[0].tolist() == times.tolist() and kept[1] == resolved
+                    served += 1
+    assert served > 100
+    oracle.versions["gpt2"] = oracle.versions.get("gpt2", 0) + 1  # what `update` does to the version
+    model = models["gpt2"]
+    plan = enumerate_plans(model, model.spec.global_batch_size, (8,))[0]
+    assert oracle._kept_answer(model, model.spec.global_batch_size, (8,), 1, plan) is None
