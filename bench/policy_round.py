@@ -10,6 +10,11 @@ starts (`job.started`), a running job given others restarts (`job.reconfigured`)
 stops (`job.preempted`); `changed/round` is how many decisions a round publishes. The oracle is
 the fitted performance model, as in a live cluster.
 
+`cold first`: the first round again, each time in a fresh process (`--first-runs` of them, the median printed): in
+the process of the runs above, the first round at a size finds the plan enumerations and rank layouts of the sizes
+before it cached already (a process keeps them for the placements it saw), which a policy service just started
+does not.
+
 Each size is run twice. `median`/`p99`: the events between rounds are handed to the core as a
 deployed one takes them (`PolicyCore.fold`: `handle` without the round each would run), so a round
 makes again only the inputs of the jobs they touched. `whole`: the same events folded into the
@@ -32,9 +37,11 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import json
 import math
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -191,6 +198,30 @@ def overhead(args, modeler) -> int:
     return 0
 
 
+def cold_first(args, gpus: int, jobs: int) -> list[float]:
+    """Seconds of the first round at a size, each in a fresh process (`--first-runs` of them)."""
+    out = []
+    for _ in range(args.first_runs):
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--cold-first", f"{gpus}:{jobs}",
+                               "--policy", args.policy, "--seed", str(args.seed)] + ([] if args.ticks else ["--no-ticks"]),
+                              capture_output=True, text=True, check=True)
+        out.append(json.loads(done.stdout.strip().splitlines()[-1])["first_s"])
+    return out
+
+
+def _cold_first_here(args) -> int:
+    """The child of `cold_first`: build one size, time its first round, print it as JSON."""
+    gpus, jobs = (int(x) for x in args.cold_first.split(":"))
+    core, _, _ = build(args.policy, gpus // 8, jobs, args.seed, make_core())
+    if args.ticks:
+        core.handle(make("clock.tick", _tick(0), time=0.0, id="b-tick-start", source="bench"))
+    tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
+    t0 = time.perf_counter()
+    core.run_round(tick)
+    print(json.dumps({"first_s": time.perf_counter() - t0}))
+    return 0
+
+
 def _tick(seq: int):
     from controlplane.events import ClockTick
     return ClockTick(seq=seq, period_s=60.0)
@@ -209,15 +240,20 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting with --reasons-overhead")
     ap.add_argument("--no-ticks", dest="ticks", action="store_false",
                     help="a policy core that never saw a clock tick: no job is held (see above)")
+    ap.add_argument("--first-runs", type=int, default=3,
+                    help="cold first rounds per size, each in a fresh process (the median is printed; 0: none)")
+    ap.add_argument("--cold-first", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.cold_first:
+        return _cold_first_here(args)
     modeler = make_core()
     if args.reasons_overhead:
         return overhead(args, modeler)
     print(machine_line())
     print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size; "
           + ("clock ticks every 60 s (holds on)" if args.ticks else "no clock tick seen (no job held)"))
-    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'median':>10} {'p99':>10} {'whole':>10} {'same':>5} "
-          f"{'placed':>7} {'changed/round':>14} {'plans evaluated':>16}")
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'cold first':>11} {'median':>10} {'p99':>10} {'whole':>10} "
+          f"{'same':>5} {'placed':>7} {'changed/round':>14} {'plans evaluated':>16}")
     rows = []
     for item in args.sizes.split(","):
         gpus, jobs = (int(x) for x in item.split(":"))
@@ -225,7 +261,9 @@ def main(argv=None) -> int:
         r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks)
         w = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks, through_core=False)
         rows.append(r)
-        print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {r['median_s'] * 1e3:>8.2f}ms "
+        cold = cold_first(args, gpus, jobs)
+        cold_text = f"{statistics.median(cold) * 1e3:>9.1f}ms" if cold else f"{'-':>11}"
+        print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {cold_text} {r['median_s'] * 1e3:>8.2f}ms "
               f"{r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms {str(r['decided_sha'] == w['decided_sha']):>5} "
               f"{r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
     if len(rows) > 1:
