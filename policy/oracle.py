@@ -22,6 +22,7 @@ Pure code: no I/O after construction.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
@@ -91,7 +92,9 @@ def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
 
 
 _ANSWERS_KEPT = 1 << 13
-"""answers `ModelOracle` keeps per model type (`_keep`): past that, they are dropped and kept afresh"""
+"""answers `ModelOracle` keeps per model type for `observe`: past that, they are dropped and kept afresh"""
+_RECENT_CALLS = 512
+"""`evaluate_many` calls `ModelOracle` holds until `observe` asks (the older ones are dropped unread)"""
 
 _GA_PLANS: dict[tuple[Plan, int], Plan] = {}
 """(plan, GA steps) -> the plan with those steps (`_with_ga`): `dataclasses.replace` costs more than the lookup"""
@@ -133,7 +136,10 @@ class ModelOracle(_MemoryMixin):
 
     _answers: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
     """model type -> (its version, {(global batch, placement, CPUs per GPU (0 without offload), plan): (seconds
-    per iteration, GA steps)}): `evaluate_many`'s answers kept for `observe` (`_keep`)"""
+    per iteration, GA steps)}): `evaluate_many`'s answers kept for `observe` (`_kept_answer`)"""
+    _recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT_CALLS), repr=False, compare=False)
+    """the last `evaluate_many` calls (type, its version then, global batch, items, times, GA steps), not read into
+    `_answers` yet"""
 
     cpus_offload_only = True
     """The model's CPU count enters only ZeRO-Offload's times (`modeler.perf_model`): a plan without offload takes
@@ -183,28 +189,31 @@ class ModelOracle(_MemoryMixin):
         batch, ok = self.resolved(model, global_batch, items)
         params = self.params.get(model.name, PerfParams())
         times = np.where(ok, t_iter(model, self.env, params, batch), np.inf)
-        self._keep(model.name, global_batch, items, times, batch.ga_steps)
+        self._recent.append((model.name, self.versions.get(model.name, 0), global_batch, tuple(items), times,
+                             batch.ga_steps))
         return times, _with_ga([p for _, _, p in items], batch.ga_steps)
-
-    def _keep(self, name: str, global_batch: int, items: Sequence[Item], times: np.ndarray, ga: np.ndarray) -> None:
-        """Keep what `evaluate_many` answered for each item whose plan leaves its GA steps at the default (every plan
-        the policy enumerates), under the type's version, for `observe` (`_kept_answer`)."""
-        version = self.versions.get(name, 0)
-        held = self._answers.get(name)
-        if held is None or held[0] != version or len(held[1]) >= _ANSWERS_KEPT:
-            held = self._answers[name] = (version, {})
-        kept = held[1]
-        for (place, cpg, plan), t, a in zip(items, times.tolist(), ga.tolist()):
-            if plan.ga_steps == 1:
-                kept[(global_batch, place, cpg if plan.offload else 0, plan)] = (t, a)
 
     def _kept_answer(self, model: ModelType, global_batch: int, place: tuple[int, ...], cpg: int,
                      plan: Plan) -> tuple[np.ndarray, tuple[Plan, ...]] | None:
-        """`evaluate_many` of the one item, where an earlier call of this version answered it (None where not). Its
-        answer is the same: the GA steps are the modeler's to choose (the plan's own are not read), each item's
-        time is worked out on its own, and without ZeRO-Offload the CPUs enter no time (`cpus_offload_only`)."""
+        """`evaluate_many` of the one item, where one of the last calls (`_recent`) answered it under the type's
+        version (None where none did). Its answer is the same: the GA steps are the modeler's to choose (the plan's
+        own are not read), each item's time is worked out on its own, and without ZeRO-Offload the CPUs enter no
+        time (`cpus_offload_only`). The calls are read into `_answers` here, when asked, not as they are made: a
+        cluster's first round makes hundreds and observes nothing."""
+        version = self.versions.get(model.name, 0)
+        while self._recent:
+            name, made, gbs, items, times, ga = self._recent.popleft()
+            if made != self.versions.get(name, 0):
+                continue  # answered under parameters refitted since
+            held = self._answers.get(name)
+            if held is None or held[0] != made or len(held[1]) >= _ANSWERS_KEPT:
+                held = self._answers[name] = (made, {})
+            kept = held[1]
+            for (p_place, p_cpg, p), t, a in zip(items, times.tolist(), ga.tolist()):
+                if p.ga_steps == 1:  # every plan the policy enumerates
+                    kept[(gbs, p_place, p_cpg if p.offload else 0, p)] = (t, a)
         held = self._answers.get(model.name)
-        if held is None or held[0] != self.versions.get(model.name, 0):
+        if held is None or held[0] != version:
             return None
         hit = held[1].get((global_batch, place, cpg if plan.offload else 0,
                            plan if plan.ga_steps == 1 else replace(plan, ga_steps=1)))

@@ -221,7 +221,12 @@ def test_observe_reads_the_answer_the_book_was_given_as_a_fresh_evaluation_gives
                     assert kept[0].tolist() == times.tolist() and kept[1] == resolved
                     served += 1
     assert served > 100
-    oracle.versions["gpt2"] = oracle.versions.get("gpt2", 0) + 1  # what `update` does to the version
     model = models["gpt2"]
-    plan = enumerate_plans(model, model.spec.global_batch_size, (8,))[0]
-    assert oracle._kept_answer(model, model.spec.global_batch_size, (8,), 1, plan) is None
+    gbs = model.spec.global_batch_size
+    plan = enumerate_plans(model, gbs, (8,))[0]
+    oracle.versions["gpt2"] = oracle.versions.get("gpt2", 0) + 1  # what `update` does to the version
+    assert oracle._kept_answer(model, gbs, (8,), 1, plan) is None  # read in before the refit
+    four = enumerate_plans(model, gbs, (4,))[0]
+    oracle.evaluate_many(model, gbs, [((4,), 1, four)])
+    oracle.versions["gpt2"] += 1
+    assert oracle._kept_answer(model, gbs, (4,), 1, four) is None  # answered before the refit, read in after it
