@@ -168,3 +168,75 @@ def test_job_plan_must_divide_batch():
         JobSubmitted.check(JobSubmitted(job_id="j", tenant="t", guaranteed=False,
                                         model=PAYLOADS["job.submitted"].model, global_batch_size=10,
                                         plan=Plan(dp=4), resources=Resources(gpus=4), target_iterations=1))
+
+
+def _bounded_fields():
+    """(class, field name, type, metadata) of every int, str and float field of the catalogue's payloads (and the
+    dataclasses they hold) that carries bounds."""
+    import dataclasses
+
+    from controlplane.events.schema import _BOUND_KEYS, hints
+
+    seen, out, todo = set(), [], [type(sample(s).payload) for s in sorted(PAYLOADS)]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        th = hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = th[f.name]
+            for inner in (tp, *getattr(tp, "__args__", ())):
+                if dataclasses.is_dataclass(inner):
+                    todo.append(inner)
+                for deeper in getattr(inner, "__args__", ()):
+                    if dataclasses.is_dataclass(deeper):
+                        todo.append(deeper)
+            if tp in (int, str, float) and any(f.metadata.get(k) is not None for k in _BOUND_KEYS):
+                out.append((cls, f.name, tp, f.metadata))
+    return out
+
+
+def test_bounded_fields_refuse_as_the_type_check_and_the_bounds_do():
+    """A bounded int, str or float field is checked in one call (`_bounded_plain`, `_bounded_number`); it must accept
+    and refuse exactly what the plain type check followed by `_bounds` does, with the same reason, field, expected
+    and got, for values inside, at and past every bound, of the wrong type, booleans, NaN and infinities."""
+    import math
+
+    from controlplane.events.schema import _bounds, _got, _short, converter
+
+    def reference(tp, meta, value, path):
+        if tp is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise Invalid("wrong type", path, "number", _got(value))
+            value = float(value)
+            if not math.isfinite(value):
+                raise Invalid("number must be finite", path, "a finite number", _short(value))
+        elif not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise Invalid("wrong type", path, {int: "integer", str: "string"}[tp], _got(value))
+        _bounds(meta)(value, path)
+        return value
+
+    fields = _bounded_fields()
+    assert len(fields) > 20
+    checked = 0
+    for cls, name, tp, meta in fields:
+        edges = [meta.get(k) for k in ("ge", "gt", "le") if meta.get(k) is not None]
+        values = [None, True, False, "x", "", 0, 1, -1, 0.5, -0.0, math.nan, math.inf, -math.inf, 10 ** 12, [1], {}]
+        values += [e + d for e in edges for d in (-1, -0.5, 0, 0.5, 1)]
+        values += list(meta.get("choices") or ()) + ["not-a-choice", "a" * (1 + (meta.get("max_len") or 64)),
+                                                      "has space", "ok-name_1.2"]
+        conv = converter(tp, meta)
+        for value in values:
+            path = f"data.{name}"
+            try:
+                want = ("ok", reference(tp, meta, value, path))
+            except Invalid as exc:
+                want = ("refused", exc.reason, exc.field, exc.expected, exc.got)
+            try:
+                got = ("ok", conv(value, path))
+            except Invalid as exc:
+                got = ("refused", exc.reason, exc.field, exc.expected, exc.got)
+            assert got == want, (cls.__name__, name, value)
+            checked += 1
+    assert checked > 500
