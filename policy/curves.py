@@ -250,8 +250,9 @@ class PlanBook:
         options = _trims(canonical(placement))  # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already
         vkey, known = self._key(kind), self._best
         keys = [(vkey, place, cpus_per_gpu) for place in options]
-        if not all(k in known for k in keys):  # most trims are known: only a new one needs the fill
-            self.fill(kind, [(p, cpus_per_gpu) for p in options])
+        missing = [(p, cpus_per_gpu) for p, k in zip(options, keys) if k not in known]
+        if missing:  # most trims are known: only the new ones go to the fill (which would pass over the others)
+            self.fill(kind, missing)
         for k in keys:
             b = known[k]
             if b.throughput > top.throughput * (1 + 1e-9):
