@@ -317,12 +317,57 @@ def _plan(cls: type):
     return plan
 
 
+class _Fallback(Exception):
+    """A map the fast builder leaves to `build`'s checks (an unknown or missing field, not a map)."""
+
+
+_FALLBACK = _Fallback()
+_ABSENT = object()
+_FAST: dict[type, typing.Callable[[Any, str], Any]] = {}
+
+
+def _fast_builder(cls: type) -> typing.Callable[[Any, str], Any]:
+    """`build` of `cls` for a map that passes every check, written out field by field (every event read is built, and
+    most pass): the same conversions, in the same order, with the same paths. Anything it does not take as it is
+    (not a plain dict, an unknown or a missing required field, a value a converter refuses) is handed back to
+    `build`'s own checks, which give the refusal."""
+    names, items, _ = _plan(cls)
+    env: dict[str, Any] = {"names_within": names.issuperset, "FALLBACK": _FALLBACK, "ABSENT": _ABSENT, "cls": cls}
+    lines = ["def fast(data, path):",
+             "    if data.__class__ is not dict or not names_within(data):",
+             "        raise FALLBACK",
+             "    kw = {}"]
+    for i, (name, _, conv, plain_type, required) in enumerate(items):
+        env[f"conv{i}"], env[f"type{i}"] = conv, plain_type
+        where = f"(path + {'.' + name!r} if path else {name!r})"
+        lines.append(f"    v = data.get({name!r}, ABSENT)")
+        if required:
+            lines += ["    if v is ABSENT:", "        raise FALLBACK"]
+            lines.append(f"    kw[{name!r}] = v if v.__class__ is type{i} else conv{i}(v, {where})")
+        else:
+            lines += ["    if v is not ABSENT:",
+                      f"        kw[{name!r}] = v if v.__class__ is type{i} else conv{i}(v, {where})"]
+    lines.append("    obj = cls(**kw)")
+    if hasattr(cls, "check"):
+        lines.append("    obj.check(path)")
+    lines.append("    return obj")
+    exec("\n".join(lines), env)  # noqa: S102 - the source is made here from the dataclass's own field names
+    return env["fast"]
+
+
 def build(cls: type, data: Any, path: str = "") -> Any:
     """Validate a decoded map against dataclass `cls` and build it.
 
     Unknown keys, missing required keys, wrong types and out-of-range values
     raise `Invalid` naming the field.
     """
+    fast = _FAST.get(cls)
+    if fast is None:
+        fast = _FAST[cls] = _fast_builder(cls)
+    try:
+        return fast(data, path)
+    except (_Fallback, Invalid):
+        pass  # the checks below find what the fast builder did not take, and say why
     if not isinstance(data, dict):
         raise Invalid("wrong type", path or "data", f"map ({cls.__name__})", _got(data))
     names, items, names_text = _plan(cls)
