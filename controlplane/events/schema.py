@@ -210,6 +210,7 @@ def _bounded_number(meta: typing.Mapping[str, Any]) -> Converter:
     make, in their order and with their words, in one call (most event fields are bounded, and every event is
     checked)."""
     _, _, _, ge, gt, le = (meta.get(k) for k in _BOUND_KEYS)
+    ranged = ge is not None or gt is not None or le is not None
 
     def bounded_number(value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -217,12 +218,8 @@ def _bounded_number(meta: typing.Mapping[str, Any]) -> Converter:
         value = float(value)
         if not math.isfinite(value):
             raise Invalid("number must be finite", path, "a finite number", _short(value))
-        if ge is not None and value < ge:
-            raise Invalid("out of range", path, f">= {ge}", _short(value))
-        if gt is not None and value <= gt:
-            raise Invalid("out of range", path, f"> {gt}", _short(value))
-        if le is not None and value > le:
-            raise Invalid("out of range", path, f"<= {le}", _short(value))
+        if ranged:
+            _in_range(value, path, ge, gt, le)
         return value
     return bounded_number
 
@@ -234,6 +231,7 @@ def _bounded_plain(tp: type, meta: typing.Mapping[str, Any]) -> Converter:
     choices, max_len, pattern, ge, gt, le = (meta.get(k) for k in _BOUND_KEYS)
     rx = re.compile(pattern) if pattern is not None else None
     allowed = "one of " + ", ".join(map(str, choices)) if choices is not None else ""
+    ranged = ge is not None or gt is not None or le is not None
 
     if tp is int:
         def bounded_int(value: Any, path: str) -> Any:
@@ -241,12 +239,8 @@ def _bounded_plain(tp: type, meta: typing.Mapping[str, Any]) -> Converter:
                 raise Invalid("wrong type", path, "integer", _got(value))
             if choices is not None and value not in choices:
                 raise Invalid("value not allowed", path, allowed, _short(value))
-            if ge is not None and value < ge:
-                raise Invalid("out of range", path, f">= {ge}", _short(value))
-            if gt is not None and value <= gt:
-                raise Invalid("out of range", path, f"> {gt}", _short(value))
-            if le is not None and value > le:
-                raise Invalid("out of range", path, f"<= {le}", _short(value))
+            if ranged:
+                _in_range(value, path, ge, gt, le)
             return value
         return bounded_int
 
@@ -255,12 +249,27 @@ def _bounded_plain(tp: type, meta: typing.Mapping[str, Any]) -> Converter:
             raise Invalid("wrong type", path, "string", _got(value))
         if choices is not None and value not in choices:
             raise Invalid("value not allowed", path, allowed, _short(value))
-        if max_len is not None and len(value) > max_len:
-            raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
-        if rx is not None and not rx.fullmatch(value):
-            raise Invalid("string does not match the pattern", path, pattern, _short(value))
+        _in_text(value, path, max_len, rx, pattern)
         return value
     return bounded_str
+
+
+def _in_range(value: int | float, path: str, ge: Any, gt: Any, le: Any) -> None:
+    """Refuse a number outside the bounds a field's metadata sets (None: no such bound)."""
+    if ge is not None and value < ge:
+        raise Invalid("out of range", path, f">= {ge}", _short(value))
+    if gt is not None and value <= gt:
+        raise Invalid("out of range", path, f"> {gt}", _short(value))
+    if le is not None and value > le:
+        raise Invalid("out of range", path, f"<= {le}", _short(value))
+
+
+def _in_text(value: str, path: str, max_len: int | None, rx: re.Pattern | None, pattern: str | None) -> None:
+    """Refuse a string longer than `max_len` or not matching `pattern` (compiled as `rx`)."""
+    if max_len is not None and len(value) > max_len:
+        raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
+    if rx is not None and not rx.fullmatch(value):
+        raise Invalid("string does not match the pattern", path, pattern, _short(value))
 
 
 def _bounds(meta: typing.Mapping[str, Any]) -> Converter | None:
@@ -276,19 +285,11 @@ def _bounds(meta: typing.Mapping[str, Any]) -> Converter | None:
         if choices is not None and value not in choices:
             raise Invalid("value not allowed", path, "one of " + ", ".join(map(str, choices)), _short(value))
         if isinstance(value, str):
-            if max_len is not None and len(value) > max_len:
-                raise Invalid("string too long", path, f"at most {max_len} characters", f"{len(value)} characters")
-            if rx is not None and not rx.fullmatch(value):
-                raise Invalid("string does not match the pattern", path, pattern, _short(value))
+            _in_text(value, path, max_len, rx, pattern)
         elif numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(value, float) and not math.isfinite(value):
                 raise Invalid("number must be finite", path, "a finite number", _short(value))
-            if ge is not None and value < ge:
-                raise Invalid("out of range", path, f">= {ge}", _short(value))
-            if gt is not None and value <= gt:
-                raise Invalid("out of range", path, f"> {gt}", _short(value))
-            if le is not None and value > le:
-                raise Invalid("out of range", path, f"<= {le}", _short(value))
+            _in_range(value, path, ge, gt, le)
     return check
 
 
