@@ -234,7 +234,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
                 self._fall_awake(was[job_id])
             for job_id in ids:
                 if job_id not in jobs:  # over, or no model: gone from the round
-                    self.jobs.pop(job_id, None)
+                    _let_go(self.jobs.pop(job_id, None))
                     prepared.pop(job_id, None)
             candidates = ((job_id, jobs[job_id]) for job_id in sorted(ids) if job_id in jobs)
         for job_id, inp in candidates:  # the sleepers first (nothing reads their order); the rest sorted below
@@ -268,6 +268,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
                     and not self._room_to_give_back(job)):
                 job.want_g = max(1, job.min_g)
                 self._tables(job)
+        if whole:
+            for job_id, record in last_round.items():
+                if job_id not in self.jobs:  # a job gone: its record is read no more
+                    _let_go(record)
         self._place_current()
         self._index_all()
         if self._privileged():  # sleepers outside their quota woken: out of the sleepers' lists
@@ -703,3 +707,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
             keyed.append(key)
         keyed.sort()  # ids are unique: no comparison reaches the job itself
         return keyed
+
+
+def _let_go(record: _Job | None) -> None:
+    """A record no round reads again (its job is gone): its queue and sleepers' keys, which hold the record, let go
+    of. Else each pair would be a reference cycle, which only the garbage collector frees; without any, the record
+    goes when the last key holding it does."""
+    if record is not None:
+        record.key = record.queue_key = None
