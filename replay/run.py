@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from controlplane import gc_tuning
 from controlplane.events import Event, JobSubmitted, make
 
 from agents.simulated import GroundTruth, SimulatedAgents
@@ -70,7 +71,8 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
                              noise=cfg.noise, seed=cfg.seed, fabric=fabric(cfg, parts, nodes))
     sim = Simulation(control_cores(cfg, parts, policy_factory), agents, tick_period_s=cfg.tick_period_s,
                      max_time_s=cfg.max_time_s)
-    with stopping.during(sim):  # a time limit or Ctrl-C: the run stops and what it simulated is written
+    # a time limit or Ctrl-C: the run stops and what it simulated is written; the collector rests meanwhile
+    with stopping.during(sim), gc_tuning.paused():
         result = sim.run(inputs, progress if progress is not None else progress_hook.get())
     sim_extra = {
         "config": cfg.to_json(),

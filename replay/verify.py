@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from controlplane import gc_tuning
 from controlplane.eventlog import check, scan
 from controlplane.events import Event, Invalid, decode, encode, to_plain, unpack
 from controlplane.events.catalog import UnknownSubject, base_subject
@@ -399,11 +400,12 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
         return _Stream(decode_rows(read, VerifyResult(), bad, passed), limit, bad, result.live, run["sources"])
 
     groups = _groups(cores, default_jobs() if jobs is None else jobs)
-    if len(groups) == 1:
-        stream = load(None)
-        walks = [_walk(stream, groups[0], progress)]
-    else:
-        stream, walks = _walk_apart(load, groups, progress)
+    with gc_tuning.paused():  # the cores and the decoding make no reference cycles (`controlplane.gc_tuning`)
+        if len(groups) == 1:
+            stream = load(None)
+            walks = [_walk(stream, groups[0], progress)]
+        else:
+            stream, walks = _walk_apart(load, groups, progress)
     recorded = stream.recorded
     result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
     if progress is not None and recorded:
