@@ -184,7 +184,8 @@ def test_a_changed_decision_in_a_live_log_is_caught(live_run, tmp_path, capsys):
 def test_a_changed_file_of_a_live_log_is_named(live_run, tmp_path, capsys):
     log = copy_log(live_run, tmp_path)
     run = json.loads((log / "run.json").read_text())
-    victim = log / run["files"][1]["name"]
+    # the second file where there are two or more: the recorder's compaction may have merged a slow run's into one
+    victim = log / run["files"][min(1, len(run["files"]) - 1)]["name"]
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     victim.write_bytes(bytes(raw))
