@@ -10,7 +10,7 @@ the first round of a small cluster (`bench/policy_round.py`, 64 GPUs) took 40% l
 collections walking objects no longer in the CPU's caches. Reference cycles are still collected, less
 often; every other object goes when its last reference does, which no threshold affects.
 
-A batch run (a simulation, a replay check) pauses the collector while its cores run (`paused`). Such a run
+A batch run (a simulation, a replay check) pauses the collector from start to end (`pausing`). Such a run
 makes no reference cycles: with `gc.DEBUG_SAVEALL`, the whole 10x trace leaves none past the imports' (811
 objects), where the policy engine's keys once made one per finished job (95,154 objects). So the collector
 finds nothing there; it only walks the objects that live on (every event a simulation keeps, every event a
@@ -20,9 +20,13 @@ and 0.23 s of the Base trace's simulation, timed from the collector's own callba
 
 from __future__ import annotations
 
+import functools
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
+
+_F = TypeVar("_F", bound=Callable)
 
 YOUNG = 10_000
 """allocations (net of frees) of container objects between young collections (CPython's default: 700)"""
@@ -49,3 +53,12 @@ def paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def pausing(fn: _F) -> _F:
+    """`fn` run with the collector paused (`paused`): a batch run's entry point, from loading to its result."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with paused():
+            return fn(*args, **kwargs)
+    return run  # type: ignore[return-value]

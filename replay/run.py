@@ -56,6 +56,7 @@ def submissions(jobs: Sequence[TraceJob], parts: Parts) -> list[Event]:
                  source="trace") for j in jobs]
 
 
+@gc_tuning.pausing  # the cores make no reference cycles (`controlplane.gc_tuning`)
 def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_factory: PolicyFactory | None = None,
              out_dir: Path | None = None, extra: dict[str, Any] | None = None,
              progress: SimCallback | None = None) -> RunOutput:
@@ -71,8 +72,7 @@ def simulate(cfg: RunConfig, inputs: Sequence[Event], parts: Parts, *, policy_fa
                              noise=cfg.noise, seed=cfg.seed, fabric=fabric(cfg, parts, nodes))
     sim = Simulation(control_cores(cfg, parts, policy_factory), agents, tick_period_s=cfg.tick_period_s,
                      max_time_s=cfg.max_time_s)
-    # a time limit or Ctrl-C: the run stops and what it simulated is written; the collector rests meanwhile
-    with stopping.during(sim), gc_tuning.paused():
+    with stopping.during(sim):  # a time limit or Ctrl-C: the run stops and what it simulated is written
         result = sim.run(inputs, progress if progress is not None else progress_hook.get())
     sim_extra = {
         "config": cfg.to_json(),

@@ -342,6 +342,7 @@ def _walk_apart(load: Callable[[list[Any] | None], _Stream], groups: list[list[A
             proc.join()
 
 
+@gc_tuning.pausing  # the cores and the decoding make no reference cycles (`controlplane.gc_tuning`)
 def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, context: int = 5,
            only: tuple[str, ...] | str | None = None, jobs: int | None = None,
            progress: Callable[[int, int, float], None] | None = None) -> VerifyResult:
@@ -400,12 +401,11 @@ def verify(log_dir: str | Path, *, policy_factory: PolicyFactory | None = None, 
         return _Stream(decode_rows(read, VerifyResult(), bad, passed), limit, bad, result.live, run["sources"])
 
     groups = _groups(cores, default_jobs() if jobs is None else jobs)
-    with gc_tuning.paused():  # the cores and the decoding make no reference cycles (`controlplane.gc_tuning`)
-        if len(groups) == 1:
-            stream = load(None)
-            walks = [_walk(stream, groups[0], progress)]
-        else:
-            stream, walks = _walk_apart(load, groups, progress)
+    if len(groups) == 1:
+        stream = load(None)
+        walks = [_walk(stream, groups[0], progress)]
+    else:
+        stream, walks = _walk_apart(load, groups, progress)
     recorded = stream.recorded
     result.plan_decided_recorded = sum(1 for _, e, _ in recorded if e.base == "plan.decided")
     if progress is not None and recorded:

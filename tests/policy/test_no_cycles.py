@@ -67,3 +67,16 @@ def test_paused_switches_the_collector_off_within_and_back_as_it_was():
     except KeyError:
         pass
     assert gc.isenabled(), "an error within left the collector off"
+
+
+def test_pausing_runs_a_function_with_the_collector_off():
+    from controlplane.gc_tuning import pausing
+
+    @pausing
+    def batch(x, *, y):
+        """a batch run"""
+        return gc.isenabled(), x + y
+
+    assert batch(1, y=2) == (False, 3)
+    assert gc.isenabled()
+    assert batch.__doc__ == "a batch run" and batch.__name__ == "batch"

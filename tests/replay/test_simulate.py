@@ -139,3 +139,31 @@ def test_window_means_weigh_a_step_function_by_time():
     assert means.tolist() == [6 * 5 / 15, (6 * 5 + 3 * 10) / 15, 3.0]
     edges, means = window_means(np.array([]), np.array([]), 10.0, end=0.0)
     assert len(means) == 0
+
+
+def test_the_collector_rests_while_the_cores_run_and_is_on_again_after(parts):
+    """`controlplane.gc_tuning.pausing`: the cores make no reference cycles (tests/policy/test_no_cycles.py), so the
+    collector's passes would only walk the events the run keeps."""
+    import gc
+
+    seen = []
+
+    class Watching:
+        name, subjects = "policy", ("job.submitted",)
+
+        def handle(self, event):
+            seen.append(gc.isenabled())
+            return []
+
+    class Failing(Watching):
+        def handle(self, event):
+            raise RuntimeError("a policy that breaks")
+
+    cfg = RunConfig(policy="watching", cluster="8x8")
+    assert gc.isenabled()
+    simulate(cfg, trace_inputs(cfg, jobs_of(parts, n=3), parts), parts, policy_factory=lambda c, p: Watching())
+    assert seen and not any(seen), "the collector ran while the policy core handled events"
+    assert gc.isenabled(), "the collector stayed off after the run"
+    with pytest.raises(RuntimeError, match="breaks"):
+        simulate(cfg, trace_inputs(cfg, jobs_of(parts, n=3), parts), parts, policy_factory=lambda c, p: Failing())
+    assert gc.isenabled(), "the collector stayed off after a run that failed"
