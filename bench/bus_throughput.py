@@ -19,6 +19,11 @@ event on disk, the drain rate with its ratio to the raw publish rate, and the re
 event in both (user + system, read from /proc on Linux, from its "ready" to the last event in Parquet): a
 figure the sharing of the cores does not blur as it does the rates.
 
+The benchmark's own process (the raw client, the publisher) runs with the garbage collector's thresholds every
+`rubick` process has (`controlplane.gc_tuning.tune`). With CPython's defaults it spent 7.9 s of one run in the
+collector, 47 full collections walking the 100,000 publish futures it held (`gc.callbacks`): the raw publish rate
+read 13,559 msg/s, and 21,890 with the product's thresholds, in runs one after the other.
+
     python bench/bus_throughput.py [--n 100000] [--runs 3] [--roll-seconds 0.5]
 """
 
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.bus.nats import JetStreamBus  # noqa: E402
 from controlplane.eventlog import scan  # noqa: E402
+from controlplane.gc_tuning import tune  # noqa: E402
 from controlplane.events import MetricsIteration, Plan, encode, make  # noqa: E402
 from controlplane.lease import ensure_lease_bucket  # noqa: E402
 from controlplane.lifetime import die_with_parent  # noqa: E402
@@ -278,6 +284,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--roll-seconds", type=float, default=0.5)
     args = parser.parse_args()
+    tune()  # the collector's thresholds of a `rubick` process (see above)
     keys = ["raw_publish_rate", "raw_publish_id_rate", "raw_consume_rate", "publish_rate", "recorded_rate", "ratio",
             "ratio_id", "p50_ms", "p99_ms",
             "bytes_per_event", "lost", "doubled", "files", "cpu_us", "publisher_cpu_us", "server_cpu_us",

@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bus_throughput import end_to_end, one_run, raw_limits  # noqa: E402
+from controlplane.gc_tuning import tune  # noqa: E402
 from tests.faults.cluster import KILLS, ClusterOutcome, run_cluster_kill  # noqa: E402
 from tests.faults.harness import Nats  # noqa: E402
 
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--kills", default=",".join(KILLS), help="comma-separated, of: " + ", ".join(KILLS))
     parser.add_argument("--baseline", action="store_true", help="also one run against a single server")
     args = parser.parse_args()
+    tune()  # the collector's thresholds of a `rubick` process, as bench/bus_throughput.py's
     logging.getLogger("controlplane.bus.nats").setLevel(logging.ERROR)  # "connect failed" while a server is down
 
     if args.runs > 0:
