@@ -62,6 +62,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 """command -> (the module that registers it, its one-line help), in the order `rubick --help` lists them."""
 
+BATCH = frozenset({"simulate", "replay", "report"})
+"""commands that run to an end without serving anything: their process runs with the garbage collector off, from
+the start to the exit (which then walks no heap either); the cores they run make no reference cycles
+(`controlplane.gc_tuning`). Every other command raises the collector's thresholds (`controlplane.gc_tuning.tune`)."""
+
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     parser = argparse.ArgumentParser(prog="rubick", description="Rubick control plane for shared DL clusters")
@@ -108,6 +113,9 @@ def _deepest(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Argum
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command `argv` names (None: the program's own arguments, as `rubick` and `python -m controlplane.cli`
+    run it). A `BATCH` command run as the program leaves the collector off to the exit; given `argv` (a caller in
+    the same process), it switches the collector back on as it was."""
     words = list(sys.argv[1:] if argv is None else argv)
     command = next((w for w in words if not w.startswith("-")), None)
     parser = parser_for(command) if command in COMMANDS else command_list_parser()
@@ -117,8 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         _deepest(parser, words).print_help()
         return 2
+    import gc
+
     from controlplane.gc_tuning import tune
-    tune()  # long runs (simulate, replay, the services) spend less time in the garbage collector
+    batch, was = command in BATCH, gc.isenabled()
+    if batch:  # no reference cycles to free (controlplane/gc_tuning.py), and no heap walked at the exit either
+        gc.disable()
+    else:
+        tune()  # long runs (the services) spend less time in the garbage collector
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -127,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout at exit
         return 141
+    finally:
+        if batch and was and argv is not None:
+            gc.enable()
 
 
 if __name__ == "__main__":

@@ -196,3 +196,28 @@ def test_a_what_if_of_a_folder_without_a_readable_run_json_says_so(tmp_path, cap
     assert main(["replay", str(log), "--policy", "sia", "--out", str(tmp_path / "wi")]) == 2
     assert "a live run without its simulated clock" in capsys.readouterr().err
     assert not (tmp_path / "wi").exists()
+
+
+def test_a_batch_command_runs_without_the_collector_and_gives_it_back_to_a_caller(tmp_path, capsys):
+    """`controlplane.cli.BATCH`: run as the program, `rubick simulate` leaves the collector off to the exit (no heap
+    walked at the end); called in the same process with its arguments, it switches it back on as it was."""
+    import gc
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=4)
+    args = ["simulate", "--trace", str(trace), "--cluster", "8x8", "--policy", "rubick", "--no-progress"]
+    assert gc.isenabled()
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert gc.isenabled(), "a batch command left its caller's collector off"
+    assert "jobs done" in capsys.readouterr().out
+    probe = ("import atexit, gc, sys\natexit.register(lambda: print('collector on at exit:', gc.isenabled()))\n"
+             "from controlplane.cli import main\nsys.argv = ['rubick', *sys.argv[1:]]\nsys.exit(main())\n")
+    root = Path(__file__).resolve().parents[2]
+    for command, on in ((args, False), (["schema", "clock.tick"], True)):
+        done = subprocess.run([sys.executable, "-c", probe, *command, *(["--out", str(tmp_path / "b")]
+                                                                         if command is args else [])],
+                              cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert f"collector on at exit: {on}" in done.stdout, (command, done.stdout[-300:])
