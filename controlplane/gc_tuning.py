@@ -10,7 +10,8 @@ the first round of a small cluster (`bench/policy_round.py`, 64 GPUs) took 40% l
 collections walking objects no longer in the CPU's caches. Reference cycles are still collected, less
 often; every other object goes when its last reference does, which no threshold affects.
 
-A batch run (a simulation, a replay check) pauses the collector from start to end (`pausing`). Such a run
+A batch run (a simulation, a replay check) pauses the collector from start to end (`pausing`), and the
+`rubick` commands that run one leave it off to the exit (`controlplane.cli.BATCH`). Such a run
 makes no reference cycles: with `gc.DEBUG_SAVEALL`, the whole 10x trace leaves none past the imports' (811
 objects), where the policy engine's keys once made one per finished job (95,154 objects). So the collector
 finds nothing there; it only walks the objects that live on (every event a simulation keeps, every event a

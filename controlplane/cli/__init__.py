@@ -64,8 +64,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 BATCH = frozenset({"simulate", "replay", "report"})
 """commands that run to an end without serving anything: their process runs with the garbage collector off, from
-the start to the exit (which then walks no heap either); the cores they run make no reference cycles
-(`controlplane.gc_tuning`). Every other command raises the collector's thresholds (`controlplane.gc_tuning.tune`)."""
+the start to the exit (which then walks no heap either). The cores a simulation or a check runs make no reference
+cycles (`controlplane.gc_tuning`); what else such a process makes is freed as it exits. Every other command raises
+the collector's thresholds (`controlplane.gc_tuning.tune`)."""
 
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
