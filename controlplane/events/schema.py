@@ -174,14 +174,13 @@ def _compile(tp: Any, meta: typing.Mapping[str, Any]) -> Converter:
     if tp is float:
         if bounds is not None and meta.get("choices") is None:
             return _bounded_number(meta)
+        finite = _bounded_number({})  # the type and finiteness checks alone
+        if bounds is None:
+            return finite
+
         def number(value: Any, path: str) -> Any:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise Invalid("wrong type", path, "number", _got(value))
-            value = float(value)
-            if not math.isfinite(value):
-                raise Invalid("number must be finite", path, "a finite number", _short(value))
-            if bounds is not None:
-                bounds(value, path)
+            value = finite(value, path)
+            bounds(value, path)
             return value
         return number
     if bounds is not None and tp in (int, str):
