@@ -27,6 +27,8 @@ import) and the tests check the two agree. Pure code: no I/O.
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -120,7 +122,7 @@ def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch, states: 
     ga = np.where(auto, 0, batch.ga_steps)
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
     left = auto
-    for a in range(1, int(per_rank[auto].max()) + 1):
+    for a in _divisors_of(tuple(np.unique(per_rank[auto]).tolist())):  # no other count divides a row's batch
         todo = left & (per_rank % a == 0)
         if not todo.any():
             continue
@@ -135,6 +137,18 @@ def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch, states: 
         if not left.any():
             break  # every one resolved: the larger counts would find none to try
     return ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
+
+
+@lru_cache(maxsize=1024)
+def _divisors_of(per_rank: tuple[int, ...]) -> tuple[int, ...]:
+    """Every count that divides one of the per-rank batches, lowest first: the GA steps `_resolve_ga` tries. A count
+    dividing none would find no row to try (a batch of 256 samples per rank has 9 divisors, not 256)."""
+    out: set[int] = set()
+    for n in per_rank:
+        for a in range(1, math.isqrt(n) + 1):
+            if n % a == 0:
+                out.update((a, n // a))
+    return tuple(sorted(out))
 
 
 def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:

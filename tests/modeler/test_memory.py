@@ -109,3 +109,40 @@ def test_resolving_and_checking_together_equals_resolving_then_checking(models, 
         steps.append(apart.ga_steps)
     assert np.concatenate(verdicts).any() and not np.concatenate(verdicts).all()
     assert (np.concatenate(steps) > 1).any()  # some plans needed accumulation to fit: the GA search was exercised
+
+
+def test_ga_steps_are_the_fewest_dividing_counts_that_fit(models, env):
+    """Each row's GA steps, worked out for the whole batch at once, are what the rule gives the row alone: the fewest
+    steps that divide its per-rank batch and fit in GPU memory, or its whole per-rank batch (one sample a pass) where
+    none fits. Per-rank batches of many sizes (prime, highly divisible, one), several global batches in one call."""
+    from modeler.memory import GB, USABLE_FRACTION, gpu_bytes
+
+    limit = USABLE_FRACTION * env.gpu_mem_gb * GB
+    seen_big = seen_none = 0
+    for key in KEYS:
+        m = models[key]
+        configs = [Config(plan=Plan(dp=d, tp=t, zero_stage=z, gc=gc), gpus_per_node=(d * t,), cpus_per_gpu=None,
+                          global_batch_size=gbs, ga_auto=True)
+                   for gbs in (1, 7, 96, 256, 1024) for d in (1, 2, 4) for t in (1, 2) for z in (0, 2)
+                   for gc in (False, True) if gbs % d == 0]
+        batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=True)
+        got = resolve_ga(m, env, batch).ga_steps
+        for i, cfg in enumerate(configs):
+            per_rank = max(1, cfg.global_batch_size // (cfg.plan.dp * cfg.plan.micro_batches))
+            want = per_rank
+            for a in range(1, per_rank + 1):
+                if per_rank % a:
+                    continue
+                one = ConfigBatch.from_configs([Config(plan=Plan(dp=cfg.plan.dp, tp=cfg.plan.tp, ga_steps=a,
+                                                                 zero_stage=cfg.plan.zero_stage, gc=cfg.plan.gc),
+                                                       gpus_per_node=cfg.gpus_per_node, cpus_per_gpu=None,
+                                                       global_batch_size=cfg.global_batch_size)],
+                                               allow_tp_across_nodes=True)
+                if gpu_bytes(m, one)[0] <= limit:
+                    want = a
+                    break
+            else:
+                seen_none += 1
+            seen_big += want > 1
+            assert got[i] == want, (key, cfg)
+    assert seen_big and seen_none  # accumulation was needed somewhere, and somewhere nothing fit
