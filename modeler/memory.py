@@ -77,10 +77,11 @@ def model_states_bytes(model: ModelType, batch: ConfigBatch) -> tuple[np.ndarray
     return gpu, cpu
 
 
-def activation_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
-    """Activation memory per GPU of the micro-batches in flight on the first pipeline stage."""
+def activation_bytes(model: ModelType, batch: ConfigBatch, ga: int | None = None) -> np.ndarray:
+    """Activation memory per GPU of the micro-batches in flight on the first pipeline stage; with `ga` (>= 1), as if
+    every configuration ran that many GA steps."""
     s = model.spec
-    mb = batch.global_batch / (batch.dp * np.maximum(batch.ga_steps, 1) * batch.micro_batches)
+    mb = batch.global_batch / (batch.dp * (np.maximum(batch.ga_steps, 1) if ga is None else ga) * batch.micro_batches)
     sbh = s.seq_len * mb * s.hidden_size
     full_layer = sbh * (34.0 + 5.0 * s.num_heads * s.seq_len / s.hidden_size) / batch.tp
     layers = np.ceil(s.num_layers / batch.pp)
@@ -94,49 +95,57 @@ def gpu_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
     return _gpu_bytes(model, batch, model_states_bytes(model, batch)[0])
 
 
-def _gpu_bytes(model: ModelType, batch: ConfigBatch, states: np.ndarray) -> np.ndarray:
+def _gpu_bytes(model: ModelType, batch: ConfigBatch, states: np.ndarray, ga: int | None = None) -> np.ndarray:
     buckets = np.where(batch.zero_stage > 0, ZERO_BUCKET_BYTES, 0.0)
-    return states + activation_bytes(model, batch) + buckets + OVERHEAD_BYTES
+    return states + activation_bytes(model, batch, ga) + buckets + OVERHEAD_BYTES
 
 
 def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> ConfigBatch:
     """Fill in GA steps left to the modeler (0): the fewest that divide the per-rank batch and fit
     in GPU memory; the most (one sample per pass) where none fits."""
-    return _resolve_ga(model, env, batch, None)
+    return _resolve_ga(model, env, batch, None)[0]
 
 
 def resolve_feasible(model: ModelType, env: Environment, batch: ConfigBatch) -> tuple[ConfigBatch, np.ndarray]:
     """`resolve_ga`, then `feasible` of what it resolved: the model states (which do not depend on the GA steps)
-    worked out once for both."""
+    worked out once for both, and the GPU bytes of each row resolved at the GA steps it was resolved at."""
     states = model_states_bytes(model, batch)
-    resolved = _resolve_ga(model, env, batch, states[0])
-    return resolved, feasible(model, env, resolved, states=states)
+    resolved, used = _resolve_ga(model, env, batch, states[0])
+    return resolved, feasible(model, env, resolved, states=states, gpu=used)
 
 
-def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch, states: np.ndarray | None) -> ConfigBatch:
-    """`resolve_ga`; `states`: the batch's GPU bytes of model states where known."""
+def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch,
+                states: np.ndarray | None) -> tuple[ConfigBatch, np.ndarray | None]:
+    """`resolve_ga`; `states`: the batch's GPU bytes of model states where known (they do not depend on the GA
+    steps). Each count is tried on every row at once, the rows it does not divide or that are resolved already left
+    out of what it decides: each row's bytes are worked out on their own, so they are the same as on the rows alone,
+    and on a batch of tens of rows an array operation costs the same on all of them as on a few. With the batch, each
+    row's GPU bytes at its steps (`_gpu_bytes` of the resolved batch; None where no row had its steps left open)."""
     auto = batch.ga_steps == 0
     if not auto.any():
-        return batch
+        return batch, None
+    if states is None:
+        states = model_states_bytes(model, batch)[0]
     per_rank = np.maximum(1, batch.global_batch // (batch.dp * batch.micro_batches)).astype(np.int64)
     ga = np.where(auto, 0, batch.ga_steps)
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
     left = auto
+    used = np.empty(len(batch))
     for a in _divisors_of(tuple(np.unique(per_rank[auto]).tolist())):  # no other count divides a row's batch
         todo = left & (per_rank % a == 0)
         if not todo.any():
             continue
-        every = todo.all()  # most often the first count tried, on every row: nothing to take apart
-        trial = batch if every else batch.take(todo)
-        trial = ConfigBatch(**{**trial.__dict__, "ga_steps": np.full(len(trial), a, dtype=np.int64)})
-        fits = (gpu_bytes(model, trial) if states is None
-                else _gpu_bytes(model, trial, states if every else states[todo])) <= limit
-        idx = np.flatnonzero(todo)
-        ga[idx[fits | (a == per_rank[idx])]] = a
+        need = _gpu_bytes(model, batch, states, a)
+        now = todo & ((need <= limit) | (per_rank == a))
+        ga[now] = a
+        used[now] = need[now]
         left = ga == 0
         if not left.any():
-            break  # every one resolved: the larger counts would find none to try
-    return ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
+            break  # every one resolved (a row's own per-rank batch resolves it at the latest)
+    resolved = ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
+    if not auto.all():  # the steps given: the bytes at those
+        used[~auto] = _gpu_bytes(model, batch, states)[~auto]
+    return resolved, used
 
 
 @lru_cache(maxsize=1024)
@@ -158,15 +167,17 @@ def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:
 
 def feasible(model: ModelType, env: Environment, batch: ConfigBatch,
              host_mem_gb: np.ndarray | float | None = None,
-             states: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+             states: tuple[np.ndarray, np.ndarray] | None = None, gpu: np.ndarray | None = None) -> np.ndarray:
     """True where the plan fits in GPU memory and, under ZeRO-Offload, in host memory.
 
     `host_mem_gb` is the host memory given to the job (all nodes together); by default all of the
-    nodes it uses. `states`: `model_states_bytes` of the batch, where already worked out.
+    nodes it uses. `states`: `model_states_bytes` of the batch, and `gpu` its `gpu_bytes`, where already worked out.
     """
     # once for both: `gpu_bytes` and `host_bytes` each read it
     states, on_host = model_states_bytes(model, batch) if states is None else states
-    fits_gpu = _gpu_bytes(model, batch, states) <= USABLE_FRACTION * env.gpu_mem_gb * GB
+    if gpu is None:
+        gpu = _gpu_bytes(model, batch, states)
+    fits_gpu = gpu <= USABLE_FRACTION * env.gpu_mem_gb * GB
     host = batch.nodes * env.host_mem_gb if host_mem_gb is None else np.asarray(host_mem_gb, dtype=np.float64)
     fits_host = on_host <= host * GB
     whole_batch = batch.global_batch >= batch.dp * np.maximum(batch.ga_steps, 1) * batch.micro_batches

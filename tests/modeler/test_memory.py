@@ -146,3 +146,30 @@ def test_ga_steps_are_the_fewest_dividing_counts_that_fit(models, env):
             seen_big += want > 1
             assert got[i] == want, (key, cfg)
     assert seen_big and seen_none  # accumulation was needed somewhere, and somewhere nothing fit
+
+
+def test_resolving_and_checking_together_on_rows_with_their_steps_given(models, env):
+    """A batch where some rows have their GA steps given and the others leave them open: `resolve_feasible` leaves the
+    given ones as they are and gives the same verdicts as `feasible` of what `resolve_ga` resolves."""
+    from policy.plans import ALL_FAMILIES, enumerate_plans
+
+    for key in KEYS:
+        m = models[key]
+        gbs = m.spec.global_batch_size
+        configs = []
+        for i, p in enumerate(p for place in ((1,), (4,), (8,), (8, 8)) for p in enumerate_plans(m, gbs, place,
+                                                                                                 ALL_FAMILIES)):
+            per_rank = gbs // (p.dp * p.micro_batches)
+            steps = max(d for d in (1, 2, 4) if per_rank % d == 0)
+            configs.append(Config(plan=Plan(dp=p.dp, tp=p.tp, pp=p.pp, zero_stage=p.zero_stage, offload=p.offload,
+                                            gc=p.gc, micro_batches=p.micro_batches, ga_steps=steps),
+                                  gpus_per_node=(p.dp * p.tp * p.pp,) if p.dp * p.tp * p.pp <= 8 else (8, 8),
+                                  cpus_per_gpu=None, global_batch_size=gbs, ga_auto=i % 2 == 0))
+        batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=True)
+        given = batch.ga_steps > 0
+        assert given.any() and not given.all()
+        together, ok = resolve_feasible(m, env, batch)
+        apart = resolve_ga(m, env, batch)
+        assert np.array_equal(together.ga_steps, apart.ga_steps), key
+        assert np.array_equal(together.ga_steps[given], batch.ga_steps[given]), key
+        assert np.array_equal(ok, feasible(m, env, apart)), key
