@@ -131,7 +131,7 @@ def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch,
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
     left = auto
     used = np.empty(len(batch))
-    for a in _divisors_of(tuple(np.unique(per_rank[auto]).tolist())):  # no other count divides a row's batch
+    for a in _divisors_of(tuple(sorted(set(per_rank[auto].tolist())))):  # no other count divides a row's batch
         todo = left & (per_rank % a == 0)
         if not todo.any():
             continue
