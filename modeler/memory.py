@@ -117,10 +117,11 @@ def resolve_feasible(model: ModelType, env: Environment, batch: ConfigBatch) -> 
 def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch,
                 states: np.ndarray | None) -> tuple[ConfigBatch, np.ndarray | None]:
     """`resolve_ga`; `states`: the batch's GPU bytes of model states where known (they do not depend on the GA
-    steps). Each count is tried on every row at once, the rows it does not divide or that are resolved already left
-    out of what it decides: each row's bytes are worked out on their own, so they are the same as on the rows alone,
-    and on a batch of tens of rows an array operation costs the same on all of them as on a few. With the batch, each
-    row's GPU bytes at its steps (`_gpu_bytes` of the resolved batch; None where no row had its steps left open)."""
+    steps). Each count is tried on every row at once (up to `_WHOLE_ROWS`), the rows it does not divide or that are
+    resolved already left out of what it decides: each row's bytes are worked out on their own, so they are the same
+    as on the rows alone, and on a batch of tens of rows an array operation costs the same on all of them as on a few.
+    With the batch, each row's GPU bytes at its steps (`_gpu_bytes` of the resolved batch; None where no row had its
+    steps left open)."""
     auto = batch.ga_steps == 0
     if not auto.any():
         return batch, None
@@ -129,23 +130,35 @@ def _resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch,
     per_rank = np.maximum(1, batch.global_batch // (batch.dp * batch.micro_batches)).astype(np.int64)
     ga = np.where(auto, 0, batch.ga_steps)
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
-    left = auto
     used = np.empty(len(batch))
+    work, work_states, work_rank, left, at = batch, states, per_rank, auto, None
+    """the rows still tried (all of the batch, or those left: `at`, their positions in it) and which are left"""
     for a in _divisors_of(tuple(sorted(set(per_rank[auto].tolist())))):  # no other count divides a row's batch
-        todo = left & (per_rank % a == 0)
+        todo = left & (work_rank % a == 0)
         if not todo.any():
             continue
-        need = _gpu_bytes(model, batch, states, a)
-        now = todo & ((need <= limit) | (per_rank == a))
-        ga[now] = a
-        used[now] = need[now]
-        left = ga == 0
-        if not left.any():
+        need = _gpu_bytes(model, work, work_states, a)
+        now = todo & ((need <= limit) | (work_rank == a))
+        rows = now if at is None else at[now]
+        ga[rows] = a
+        used[rows] = need[now]
+        left = left & ~now
+        n_left = int(np.count_nonzero(left))
+        if not n_left:
             break  # every one resolved (a row's own per-rank batch resolves it at the latest)
+        if len(work) > _WHOLE_ROWS and 4 * n_left < len(work):  # a few left of a large batch: those alone from now on
+            keep = np.flatnonzero(left)
+            work, work_states, work_rank = work.take(keep), work_states[keep], work_rank[keep]
+            at, left = (keep if at is None else at[keep]), np.ones(len(keep), dtype=bool)
     resolved = ConfigBatch(**{**batch.__dict__, "ga_steps": ga})
     if not auto.all():  # the steps given: the bytes at those
         used[~auto] = _gpu_bytes(model, batch, states)[~auto]
     return resolved, used
+
+
+_WHOLE_ROWS = 256
+"""`_resolve_ga` tries each count on every row of a batch up to this size (an array operation costs about the same on
+a few rows as on this many); on a larger one, once fewer than a quarter of its rows are left, on those rows alone"""
 
 
 @lru_cache(maxsize=1024)

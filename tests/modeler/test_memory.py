@@ -111,11 +111,17 @@ def test_resolving_and_checking_together_equals_resolving_then_checking(models, 
     assert (np.concatenate(steps) > 1).any()  # some plans needed accumulation to fit: the GA search was exercised
 
 
-def test_ga_steps_are_the_fewest_dividing_counts_that_fit(models, env):
+@pytest.mark.parametrize("whole_rows", [256, 0])
+def test_ga_steps_are_the_fewest_dividing_counts_that_fit(models, env, monkeypatch, whole_rows):
     """Each row's GA steps, worked out for the whole batch at once, are what the rule gives the row alone: the fewest
     steps that divide its per-rank batch and fit in GPU memory, or its whole per-rank batch (one sample a pass) where
-    none fits. Per-rank batches of many sizes (prime, highly divisible, one), several global batches in one call."""
+    none fits. Per-rank batches of many sizes (prime, highly divisible, one), several global batches in one call.
+    `whole_rows` 0: the rows left are taken out of the batch as soon as they are fewer than a quarter of it (what a
+    batch of more than `_WHOLE_ROWS` rows does)."""
+    import modeler.memory as memory
     from modeler.memory import GB, USABLE_FRACTION, gpu_bytes
+
+    monkeypatch.setattr(memory, "_WHOLE_ROWS", whole_rows)
 
     limit = USABLE_FRACTION * env.gpu_mem_gb * GB
     seen_big = seen_none = 0
