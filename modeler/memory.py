@@ -108,7 +108,7 @@ def resolve_ga(model: ModelType, env: Environment, batch: ConfigBatch) -> Config
 
 def resolve_feasible(model: ModelType, env: Environment, batch: ConfigBatch) -> tuple[ConfigBatch, np.ndarray]:
     """`resolve_ga`, then `feasible` of what it resolved: the model states (which do not depend on the GA steps)
-    worked out once for both, and the GPU bytes of each row resolved at the GA steps it was resolved at."""
+    worked out once for both, as is each row's GPU memory at the GA steps it is resolved at."""
     states = model_states_bytes(model, batch)
     resolved, used = _resolve_ga(model, env, batch, states[0])
     return resolved, feasible(model, env, resolved, states=states, gpu=used)

@@ -118,7 +118,7 @@ def test_ga_steps_are_the_fewest_dividing_counts_that_fit(models, env, monkeypat
     none fits. Per-rank batches of many sizes (prime, highly divisible, one), several global batches in one call.
     `whole_rows` 0: the rows left are taken out of the batch as soon as they are fewer than a quarter of it (what a
     batch of more than `_WHOLE_ROWS` rows does)."""
-    import modeler.memory as memory
+    from modeler import memory
     from modeler.memory import GB, USABLE_FRACTION, gpu_bytes
 
     monkeypatch.setattr(memory, "_WHOLE_ROWS", whole_rows)
