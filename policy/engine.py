@@ -255,13 +255,14 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
         to_make.sort()  # ids are unique: no comparison reaches the input
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
         if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
-            self.held = {inp.job_id for *_, inp, _ in to_make
+            self.held = {inp.job_id for _, _, _, inp, _ in to_make
                          if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
         else:  # the same hold for every job
-            self.held = {inp.job_id for *_, inp, _ in to_make if inp.running and inp.current and inp.changed_s < hold}
+            self.held = {inp.job_id for _, _, _, inp, _ in to_make
+                         if inp.running and inp.current and inp.changed_s < hold}
         unplain = list(self._unplain.values())
         """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
-        for *_, inp, record in to_make:  # `_make_awake`, written out: every job awake, every round
+        for _, _, _, inp, record in to_make:  # `_make_awake`, written out: every job awake, every round
             job = self.jobs[inp.job_id] = self._prepare(inp, prepared, record)
             self._awake.append(job)
             if (inp.guaranteed and not job.carried and job.want_g > max(1, job.min_g)

@@ -79,7 +79,7 @@ class _Search:
         free_before = (self._free_list, self._free_any)  # what the cache of free nodes is again once undone
         if job.g < job.min_g:  # under its minimum: fail fast when free and shrinkable GPUs cannot cover it
             spare = sum(self.free_g.values()) + sum(self.jobs[vid].g - self.jobs[vid].min_g
-                                                   for *_, vid in self.by_down if vid != job.id)
+                                                   for _, _, _, vid in self.by_down if vid != job.id)
             if job.g + spare < job.min_g:
                 self.why[job.id] = "no-gpus"
                 return False
