@@ -63,6 +63,14 @@ class Layout:
     min_node_gpus: int
 
 
+@lru_cache(maxsize=1 << 12)
+def divisors(n: int) -> tuple[int, ...]:
+    """Every divisor of `n` (>= 1), lowest first: the degrees of parallelism a count of GPUs splits into, and the GA
+    steps a per-rank batch splits into."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(low + [n // d for d in reversed(low) if d * d != n])
+
+
 @lru_cache(maxsize=1 << 16)
 def layout(gpus_per_node: tuple[int, ...], dp: int, tp: int, pp: int) -> Layout:
     """Place ranks (TP innermost, then DP, then PP) on the nodes in order; see which groups cross.

@@ -27,13 +27,12 @@ import) and the tests check the two agree. Pure code: no I/O.
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
-from .configs import ConfigBatch
+from .configs import ConfigBatch, divisors
 from .env import Environment
 from .spec import ModelType
 
@@ -165,12 +164,7 @@ a few rows as on this many); on a larger one, once fewer than a quarter of its r
 def _divisors_of(per_rank: tuple[int, ...]) -> tuple[int, ...]:
     """Every count that divides one of the per-rank batches, lowest first: the GA steps `_resolve_ga` tries. A count
     dividing none would find no row to try (a batch of 256 samples per rank has 9 divisors, not 256)."""
-    out: set[int] = set()
-    for n in per_rank:
-        for a in range(1, math.isqrt(n) + 1):
-            if n % a == 0:
-                out.update((a, n // a))
-    return tuple(sorted(out))
+    return tuple(sorted({d for n in per_rank for d in divisors(n)}))
 
 
 def host_bytes(model: ModelType, batch: ConfigBatch) -> np.ndarray:

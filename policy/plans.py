@@ -22,7 +22,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from controlplane.events import Plan
-from modeler.configs import layout
+from modeler.configs import divisors, layout
 from modeler.spec import ModelType
 
 DP_FAMILIES = ("dp", "gc", "zero-dp", "zero-offload", "zero-offload+gc")
@@ -65,11 +65,6 @@ def canonical(placement) -> tuple[int, ...]:
 _CANONICAL: dict[tuple, tuple[int, ...]] = {}
 
 
-@lru_cache(maxsize=1 << 12)
-def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
-
-
 def enumerate_plans(model: ModelType, global_batch: int, placement: tuple[int, ...],
                     families: tuple[str, ...] = ALL_FAMILIES) -> tuple[Plan, ...]:
     """Every plan of `families` for `model` at `global_batch` on `placement`, in a stable order."""
@@ -89,10 +84,10 @@ def _enumerate(layers: int, heads: int, tensor_pipeline: bool, global_batch: int
             if fam in families:
                 plans.append(Plan(dp=total, **_DP_PLANS[fam]))
     if "3d" in families and tensor_pipeline:
-        for tp in _divisors(total):
+        for tp in divisors(total):
             if heads % tp:
                 continue
-            for pp in _divisors(total // tp):
+            for pp in divisors(total // tp):
                 if tp * pp == 1 or layers % pp:
                     continue
                 dp = total // (tp * pp)

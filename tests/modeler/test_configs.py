@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.events import Plan
-from modeler.configs import Config, ConfigBatch, ConfigError, batch_from_records, layout, measured_times
+from modeler.configs import Config, ConfigBatch, ConfigError, batch_from_records, divisors, layout, measured_times
 
 ROW = {"model": "gpt2", "dp": "2", "tp": "4", "pp": "1", "zero_stage": "0", "offload": "0", "gc": "0",
        "ga_steps": "", "gpus_per_node": "8", "cpu_threads": "", "global_batch_size": "16"}
@@ -127,3 +127,8 @@ def test_from_configs_matches_the_table_reader():
     b = batch_from_records([ROW])
     for name, value in a.__dict__.items():
         assert (value == getattr(b, name)).all() or name == "cpus"
+
+
+@given(st.integers(min_value=1, max_value=5_000))
+def test_divisors_are_every_divisor_lowest_first(n):
+    assert divisors(n) == tuple(d for d in range(1, n + 1) if n % d == 0)
