@@ -274,8 +274,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
                 if job_id not in self.jobs:  # a job gone: its record is read no more
                     _let_go(record)
         self._place_current()
+        kept = self._keep_guarantees()
         self._index_all()
-        if self._privileged():  # sleepers outside their quota woken: out of the sleepers' lists
+        if self._privileged(*kept):  # sleepers outside their quota woken: out of the sleepers' lists
             unplain = [j for j in unplain if j.sleeping]
             fell_asleep = [j for j in fell_asleep if j.sleeping]
         queue = self._sort_by_slope()
@@ -301,15 +302,20 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
             if j.answered != now and (o := finish(j)) is not j.given:
                 j.given = o
                 out.append(o)
+        seen_of: dict[str, tuple[int, int]] = {}
+        """tenant -> (its quota, what the round used of it)"""
         for j in unplain:
             if j.woke == now:
                 continue
-            if not j.inp.guaranteed:
+            inp = j.inp
+            if not inp.guaranteed:
                 if (o := finish(j)) is not j.given:
                     j.given = o
                     out.append(o)
                 continue
-            seen = (self._quota(j), self._quota_used.get(j.inp.tenant, 0))  # a guarantee asleep outside its quota
+            seen = seen_of.get(inp.tenant)  # a guarantee asleep outside its quota
+            if seen is None:
+                seen = seen_of[inp.tenant] = (self._quota(j), self._quota_used.get(inp.tenant, 0))
             if j.quota_seen is None or j.quota_seen[0] is not j.idle or j.quota_seen[1] != seen:
                 if (o := finish(j)) is not j.given:
                     j.given = o

@@ -17,11 +17,11 @@ def _made_order(job: _Job) -> tuple:
 class _Guarantees:
     """Part of `RubickEngine`: its guaranteed jobs and quotas (it reads the round's state the engine keeps)."""
 
-    def _privileged(self) -> bool:
-        """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
-        guaranteed job that meets its guarantee keeps it; one that does not (it ran over quota
-        before, or its placement is too fragmented) is placed again as a privileged job. True where
-        sleepers outside their quota were woken (`_wake_in_quota`)."""
+    def _keep_guarantees(self) -> tuple[dict[str, int], set[str]]:
+        """The first half of lines 2-3, before the round's slope index is made (`_index_all`, which lists a guarantee
+        kept by whether it keeps it with a GPU less): a running guaranteed job within its tenant's quota that meets its
+        guarantee keeps it (`privileged`), charged at `min_res`. Returns (tenant -> GPUs so charged, the ids of the
+        running guaranteed jobs within quota that do not meet theirs), which `_privileged` goes on from."""
         used: dict[str, int] = {}
         retry: set[str] = set()  # ids: a job is no other's equal, and comparing dataclasses field by field is slow
         for job in self._awake:
@@ -39,9 +39,15 @@ class _Guarantees:
             if meets:
                 job.privileged = True
                 used[job.inp.tenant] = used.get(job.inp.tenant, 0) + job.min_g
-                self._reindex(job)
             else:
                 retry.add(job.id)
+        return used, retry
+
+    def _privileged(self, used: dict[str, int], retry: set[str]) -> bool:
+        """Lines 2-3: guaranteed jobs within their tenant's quota, charged at `min_res`. A running
+        guaranteed job that meets its guarantee keeps it (`_keep_guarantees`, `used` and `retry`); one that does not
+        (it ran over quota before, or its placement is too fragmented) is placed again as a privileged job. True where
+        sleepers outside their quota were woken (`_wake_in_quota`)."""
         woken = bool(self._quota_sleepers) and self._wake_in_quota(used)
         for job in self._awake:
             if not job.inp.guaranteed or (job.g and job.id not in retry):
@@ -103,8 +109,16 @@ class _Guarantees:
             if margin is None:
                 margin = margins[id(inp.kind)] = self._margins_key(inp.kind)
             least = held[7][4]  # what its request means as a guarantee (`_demand`)
-            if (quota[0] >= least or job.detail["quota"] != quota[1] or held[6] != margin
-                    or job.want_g != self._asks(job, held[7][3], least)):
+            if quota[0] >= least or job.detail["quota"] != quota[1] or held[6] != margin:
+                woken.append(job)
+                continue
+            ask = job.asks_memo  # what it asks for, while its seconds since submission stay within the window
+            if (ask is None or ask[0] is not held or ask[1] is not inp or ask[2] != inp.remaining_iters
+                    or ask[3] != inp.ref_iter_s or ask[4] != inp.running or not ask[5] < inp.elapsed_s < ask[6]):
+                asks = self._asks_window(job, held, held[7][3], least)
+            else:
+                asks = ask[7]
+            if job.want_g != asks:
                 woken.append(job)
         if not woken:
             return False

@@ -307,14 +307,16 @@ class _NodeIndex:
         any other, and where one is, the jobs are indexed one by one, as `_reindex` would (and nothing is kept)."""
         gathered, unordered = [], False
         for job in self._awake:
-            if job.carried:  # as the last round began: the same key, on the same nodes
-                key = job.index_key
+            if job.carried and not job.privileged and not job.index_priv:  # as the last round began: the same key,
+                key = job.index_key  # on the same nodes
             elif job.g > 0 and self._over_min(job) and (not job.privileged or self._keeps_guarantee(
                     job, min(job.g_on, key=lambda n: (job.g_on[n], n)))):
                 key = job.index_key = (job.inp.priority, job.down(), -job.inp.order, job.id)
                 job.index_nodes = tuple(job.g_on)
+                job.index_priv = job.privileged
             else:
                 job.index_key = None
+                job.index_priv = job.privileged
                 continue
             if key is not None:
                 unordered = unordered or key[1] != key[1]
@@ -672,6 +674,33 @@ class _NodeIndex:
         the clock leaves it no slack to take more (`_room_to_give_back`)."""
         floor = least if least > 1 else 1
         return want if want <= floor or self._room_to_give_back(job, want) else floor
+
+    def _asks_window(self, job: _Job, held: tuple, want: int, least: int) -> int:
+        """`_asks(job, want, least)`, for a record whose `_prepare` answer is `held`, kept in `asks_memo` with the
+        seconds since submission it holds for. Only `inp.elapsed_s` of what it reads moves while the input, its
+        progress, measured speed and running flag stay, and the slack `_room_to_give_back` finds only shrinks as it
+        grows: the answer holds up to the edge where the slack reaches the restart cost, or from it on. Within 2e-12 of
+        the sum of the sizes the edge is made of (thousands of times what rounding can move it), the answer is worked
+        out each time."""
+        inp = job.inp
+        asks = self._asks(job, want, least)
+        lo, hi = -math.inf, math.inf
+        floor = max(1, least)
+        if want > floor and not self.fixed_resources and math.isfinite(inp.remaining_iters) and math.isfinite(
+                inp.target_iters):
+            fast = float(job.curve[min(want, len(job.curve) - 1)]) * job.ref
+            if fast > 0 and job.ref > 0:
+                gbs = inp.kind.global_batch
+                due = inp.target_iters * min(gbs / job.ref, inp.ref_iter_s)
+                now = self.restart_cost_s if inp.running else 0.0
+                work = inp.remaining_iters * gbs / fast
+                edge = due - now - work - self.restart_cost_s  # room while `elapsed_s` is at most this, rounding aside
+                band = 2e-12 * (abs(due) + abs(now) + abs(work) + abs(self.restart_cost_s) + 1.0)
+                lo, hi = (-math.inf, edge - band) if asks == want else (edge + band, math.inf)
+                if not lo < inp.elapsed_s < hi:  # near the edge (or not a number): not kept
+                    lo = hi = math.nan
+        job.asks_memo = (held, inp, inp.remaining_iters, inp.ref_iter_s, inp.running, lo, hi, asks)
+        return asks
 
     @staticmethod
     def _time_left(v: _Job) -> float:

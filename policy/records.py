@@ -182,6 +182,11 @@ class _Job:
     quota_detail: dict[str, str] | None = None
     """the detail the record was last given for running outside its quota (`_Guarantees._privileged`): given again
     while it says the same, so its outcome may be the last round's object"""
+    asks_memo: tuple | None = None
+    """(its `_prepare` answer, its input, the iterations left, the measured seconds per iteration, whether it runs,
+    (lowest, highest) seconds since submission, the GPUs it asks for) of the last `_NodeIndex._asks_window`: a guarantee
+    asleep outside its quota asks for those GPUs while its input says the same and its seconds since submission lie
+    strictly between the two (`_Guarantees._wake_in_quota` asks it every round)"""
     quota_seen: tuple | None = None
     """(the outcome, (its tenant's quota, what the round used of it)) a guarantee asleep outside its quota, not tried,
     last gave (`RubickEngine._round`). That is all of it a round can change while it sleeps (its pending reason says
@@ -195,10 +200,13 @@ class _Job:
     it, or makes it again where it no longer fits (and the flag goes)"""
     index_key: tuple | None = None
     """its key in the slope index as the round began (None: not listed), from `_index_all`: a record carried over
-    has the key it had"""
+    has the key it had, but a guarantee kept (`index_priv`)"""
     queue_key: tuple | None = None
     """its key in the round's queue as `_sort_by_slope` last made it: a record carried over and not touched since
     has the key it had (its priority, GPUs, slope tables and placement are the same)"""
+    index_priv: bool = False
+    """whether `index_key` was made for the record as a guarantee kept (`privileged`): such a key reads the clock
+    (`_NodeIndex._keeps_guarantee`), and is made again every round"""
     index_nodes: tuple[str, ...] = ()
     """the nodes `index_key` is listed under (its GPUs' nodes, in its allocation's order), kept with it"""
     whole: bool = False

@@ -153,14 +153,20 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
                             and (job.want_g, job.min_g) in memo[3])  # taken from the record's memo
         return real_tables(self, job)
 
-    def privileged(self):
-        before = {j.id: j.quota_detail for j in self._awake}
+    real_keep = engine_mod.RubickEngine._keep_guarantees
+
+    def keep(self):
         checked = {j.id: j.meets_memo for j in self._awake}
-        asleep = len(self._quota_sleepers)
-        woken = real_priv(self)  # a guaranteed job outside its quota given the detail it was given the last time
-        calls["quota_kept"] += sum(1 for j in before if before[j] is not None and self.jobs[j].detail is before[j])
+        kept = real_keep(self)
         calls["meets_kept"] += sum(1 for j in self._awake if j.privileged and checked.get(j.id) is not None
                                    and j.meets_memo is checked[j.id])  # its guarantee found kept as last round
+        return kept
+
+    def privileged(self, used, retry):
+        before = {j.id: j.quota_detail for j in self._awake}
+        asleep = len(self._quota_sleepers)
+        woken = real_priv(self, used, retry)  # a guaranteed job outside its quota given the detail it was given last
+        calls["quota_kept"] += sum(1 for j in before if before[j] is not None and self.jobs[j].detail is before[j])
         calls["quota_woken"] += asleep - len(self._quota_sleepers)  # woken: it might be placed in its quota now
         return woken
 
@@ -230,6 +236,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "schedule_changed", changed)
     monkeypatch.setattr(engine_mod.RubickEngine, "_tables", tables)
     monkeypatch.setattr(engine_mod.RubickEngine, "_privileged", privileged)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_keep_guarantees", keep)
     monkeypatch.setattr(engine_mod.RubickEngine, "_sort_by_slope", sort)
     with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
@@ -538,16 +545,18 @@ def test_the_free_gpus_kept_between_events_are_those_counted_again(monkeypatch, 
     assert seen["asked"] > 50 and seen["kept"] > 10
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed):
+@pytest.mark.parametrize("seed, lengths", [(1, None), (2, None), (3, (400, 2000, 10**5))])
+def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed, lengths):
     """A round's slope index is the last round's as it began (`_index_base`), its changed jobs taken out and put in
-    again (`_patch_base`). After every round's `_index_all` it equals the index made whole from the same keys (every
+    again (`_patch_base`). After every round's `_index_all` each job's key is the one `_reindex` makes (a guarantee
+    kept carried over among them), and the index equals the index made whole from the same keys (every
     node lost and back between, where the layout changes and the index is made whole); the round writes only its own
     copies (the kept index is as it was made when the next round comes); and the events are the bytes of a core that
-    makes it whole every round."""
+    makes it whole every round. Seed 3's shorter jobs bring guarantees kept near their deadlines, where whether one
+    keeps its guarantee with a GPU less moves with the clock while it is carried over."""
     import numpy as np
     real = engine_mod.RubickEngine._index_all
-    seen = {"rounds": 0, "patched": 0}
+    seen = {"rounds": 0, "patched": 0, "kept": 0}
 
     def snapshot(base):
         return (base.by_down[:], dict(base.dkey), dict(base.dnodes), {n: ks[:] for n, ks in base.node_keys.items()},
@@ -560,6 +569,11 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
             kept, now = seen["snapshot"], snapshot(before)
             assert kept[:6] == now[:6] and all(np.array_equal(a, b) for a, b in zip(kept[6], now[6]))
         real(self)
+        for j in self._awake:  # each key as `_reindex` makes it now (a guarantee kept was flagged before)
+            listed = j.g > 0 and self._over_min(j) and (
+                not j.privileged or self._keeps_guarantee(j, min(j.g_on, key=lambda n: (j.g_on[n], n))))
+            assert self._dkey.get(j.id) == ((j.inp.priority, j.down(), -j.inp.order, j.id) if listed else None)
+            seen["kept"] += j.privileged and j.carried
         base = self._index_base
         seen["snapshot"] = snapshot(base)
         seen["rounds"] += 1
@@ -577,10 +591,11 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
             assert np.array_equal(mine, made)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_index_all", checked)
-    patched, _ = drive(seed, owners=True)
+    patched, _ = drive(seed, owners=True, lengths=lengths)
     assert seen["patched"] > seen["rounds"] // 2 and seen["rounds"] - seen["patched"] >= 2
+    assert seen["kept"] > 10  # guarantees kept, carried over: their keys made again
     monkeypatch.setattr(engine_mod.RubickEngine, "_patch_base", lambda self, base, gathered: False)
-    whole, _ = drive(seed, owners=True)
+    whole, _ = drive(seed, owners=True, lengths=lengths)
     assert patched == whole
 
 
@@ -725,6 +740,79 @@ def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_w
     engine.quotas = {"t0": 16, "t1": 16}  # room in its quota: placed as a guarantee
     woke, record = round_of(set())
     assert woke == {"w"} and record.privileged and record.g and not engine._quota_sleepers
+
+
+def test_what_a_guarantee_asleep_outside_its_quota_asks_is_kept_only_while_the_clock_leaves_it_so(monkeypatch):
+    """`_wake_in_quota` keeps what a sleeper asks for (`_asks_window`) for the seconds since submission it holds for.
+    Walked to the very second its slack runs out (found by bisection on `_asks` itself, to the last bit) and past it,
+    the sleeper wakes in the round that `_asks` worked out afresh changes, and in no other; its progress reported
+    while it waits (less work left: room again) wakes it at once. Every outcome is a fresh engine's."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 16}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
+    holder = engine_mod.JobIn("holder", "t1", False, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                              current_plan=Plan(dp=8), running=True, priority=10, remaining_iters=1e6, changed_s=1e6)
+    waiting = engine_mod.JobIn("w", "t0", True, kind, 1, 8, 32, Plan(dp=8, zero_stage=2, offload=True),
+                               remaining_iters=1000.0, target_iters=1000.0)
+    jobs = {"holder": holder, "w": waiting}
+    woken: list[set] = [set()]
+    real = engine_mod.RubickEngine._wake_in_quota
+
+    def wake(self, used):
+        before = set(self._quota_sleepers)
+        out = real(self, used)
+        woken[-1] |= before - set(self._quota_sleepers)
+        return out
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_wake_in_quota", wake)
+
+    def facts(o):
+        return o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending
+
+    def round_at(elapsed: float) -> bool:
+        """A round with the sleeper `elapsed` s after its submission; whether it woke, checked against `_asks`."""
+        waiting.elapsed_s = elapsed
+        record = engine.jobs["w"]
+        held = engine._prepared["w"]
+        asks_now = engine._asks(record, held[7][3], held[7][4])  # afresh, on the record as the last round left it
+        should = record.sleeping and asks_now != record.want_g
+        woken.append(set())
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
+        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
+        for o in fresh.schedule(nodes, list(jobs.values())):
+            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
+        woke = "w" in woken[-1]
+        assert woke == should, (elapsed, asks_now, record.want_g)
+        return woke
+
+    engine.schedule_changed(nodes, jobs, None)
+    engine.schedule_changed(nodes, jobs, set())  # found asleep as the round begins
+    record = engine.jobs["w"]
+    assert record.detail == {"quota": "exceeded"} and "w" in engine._quota_sleepers
+    held = engine._prepared["w"]
+    want, least = held[7][3], held[7][4]
+    assert want > max(1, least) and record.want_g == want  # it asks for more than its minimum while it has the slack
+
+    def asks_at(elapsed: float) -> int:
+        waiting.elapsed_s = elapsed
+        return engine._asks(record, want, least)
+
+    lo, hi = 0.0, 1e9  # the last second with room, to the last bit
+    assert asks_at(lo) == want and asks_at(hi) != want
+    while math.nextafter(lo, hi) < hi:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            mid = math.nextafter(lo, hi)
+        lo, hi = (mid, hi) if asks_at(mid) == want else (lo, mid)
+    steps = [lo / 2, lo - 1.0, lo - 1e-6, math.nextafter(lo, 0.0), lo]
+    assert not any(round_at(e) for e in steps)  # room all along: kept asleep, answered from the window
+    assert round_at(hi)  # the first bit past it: no room, woken and made again
+    assert engine.jobs["w"].want_g < want
+    assert not any(round_at(e) for e in (math.nextafter(hi, 2 * hi), hi + 1e-6, hi + 1.0, 2 * hi))
+    waiting.remaining_iters = 1.0  # progress reported while it waits: room again
+    assert round_at(hi + 1.0)
+    assert engine.jobs["w"].want_g == want and not round_at(hi + 2.0)
 
 
 def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeypatch):
