@@ -42,6 +42,7 @@ from modeler.configs import ConfigError
 from modeler.uncertainty import bound_for
 
 from .curves import Best, JobKind, PlanBook, down_table, knee, packed, up_table
+from .engine_dormant import _Dormant
 from .engine_guarantees import _Guarantees
 from .engine_index import _NodeIndex
 from .engine_outcome import _Outcomes
@@ -58,7 +59,7 @@ MAX_HOLD_FACTOR = 16
 
 
 @dataclass
-class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
+class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dormant):
     book: PlanBook
     restart_cost_s: float = 78.0
     quotas: dict[str, int] | None = None
@@ -207,8 +208,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
         self._ended = False
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""
+        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
         if whole:
             # every input looked at: this round's records, sleepers and memos made again whole
+            self._dormant, self._roused = {}, []
             given = jobs.values() if type(jobs) is dict else jobs
             prepared, self._prepared = getattr(self, "_prepared", {}), {}
             self.jobs: dict[str, _Job] = {}
@@ -221,14 +224,17 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
             # the others are last round's sleepers, untouched: kept asleep as they are, not looked at
             prepared = self._prepared
             ids = set(touched)
+            dormant = getattr(self, "_dormant", {})
             for job in last_awake:
-                ids.add(job.id)
+                if job.id not in dormant:  # `_fall_dormant` made it dormant at the last round's end
+                    ids.add(job.id)
             for job in getattr(self, "_woken_last", ()):
                 ids.add(job.id)
             for kid, (kind, version, members) in list(self._sleep_kinds.items()):
                 if self._version(kind) is not version:  # refitted: its sleepers are made again
                     ids.update(members)
                     del self._sleep_kinds[kid]
+            self._keep_dormant(ids, jobs, hold)  # the others are made again
             prior = {job_id for job_id in ids if job_id in was}
             for job_id in prior:
                 self._fall_awake(was[job_id])
@@ -253,13 +259,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
                     continue
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
         to_make.sort()  # ids are unique: no comparison reaches the input
-        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
         if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
             self.held = {inp.job_id for _, _, _, inp, _ in to_make
                          if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
         else:  # the same hold for every job
             self.held = {inp.job_id for _, _, _, inp, _ in to_make
                          if inp.running and inp.current and inp.changed_s < hold}
+        self.held.update(self._dormant)  # held, as `_keep_dormant` found
         unplain = list(self._unplain.values())
         """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
         for _, _, _, inp, record in to_make:  # `_make_awake`, written out: every job awake, every round
@@ -298,6 +304,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
             if (o := finish(j)) is not j.given:
                 j.given = o
                 out.append(o)
+        why = self.why
+        for j in self._dormant.values():  # as `_finish` would give it, where `_quiet` says so
+            quiet = j.quiet
+            if ((j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet))
+                    and (o := finish(j)) is not j.given):
+                j.given = o
+                out.append(o)
         for j in self._woken:
             if j.answered != now and (o := finish(j)) is not j.given:
                 j.given = o
@@ -334,6 +347,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
             else:
                 self._unplain[job.id] = job
         self._woken_last = woken_last
+        self._fall_dormant()
         self._ended = True
         return out
 
@@ -703,7 +717,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing):
         """The queue's keys, lowest first, each ending in its job: the jobs awake this round (`_asleep`), but those a
         guarantee placed."""
         keyed = []
-        for j in self._awake:
+        for j in (*self._awake, *self._dormant.values()):
             if j.carried and not j.touched:  # placed as the last round left it, nothing written since: the same key
                 keyed.append(j.queue_key)
                 continue

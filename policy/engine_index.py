@@ -323,12 +323,14 @@ class _NodeIndex:
                 gathered.append((job, key))
         if unordered:
             self._index_base = None
+            self._wake_dormant()  # indexed in turn, as the jobs awake are
             for job in self._awake:
                 if job.g:
                     self._reindex(job)
             return
         base = getattr(self, "_index_base", None)
         if base is None or base.nidx is not self._nidx or not self._patch_base(base, gathered):
+            gathered += [(job, job.index_key) for job in self._dormant.values() if job.index_key is not None]
             base = self._index_base = self._base_of(gathered)
         # the round's own copies, which its attempts write (`_reindex`); a node's lists are the base's until the round
         # writes them (`_writable`): the base stays as the round began
@@ -389,7 +391,7 @@ class _NodeIndex:
         the result is the index `_base_of` makes whole. False, touching nothing, where more keys go and come than are
         listed now (made whole then: as fast)."""
         held, dkey, dnodes, held_ids = self.held, base.dkey, base.dnodes, base.held
-        changed, ids = [], set()
+        changed, ids = [], set(self._dormant)  # a dormant record is listed as it is (`_keep_dormant`)
         for job, key in gathered:
             jid = job.id
             ids.add(jid)
@@ -399,7 +401,7 @@ class _NodeIndex:
                 changed.append((job, key))
         gone = list(dkey.keys() - ids)
         gone += [job.id for job, _ in changed if job.id in dkey]
-        if len(gone) + len(changed) > len(gathered):
+        if len(gone) + len(changed) > len(gathered) + len(self._dormant):
             return False
         by_down, node_keys, unheld_keys, bisect_left, insort = (base.by_down, base.node_keys, base.unheld_keys,
                                                                 bisect.bisect_left, bisect.insort)

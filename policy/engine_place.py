@@ -48,6 +48,7 @@ class _Placing:
         layout = self._layout_held
         base = getattr(self, "_place_base", None)
         if base is None or base.layout is not layout or not self._patch_placement(base):
+            self._wake_dormant()  # every job placed in turn: the dormant ones too
             self._place_base = self._place_all(layout)
             return
         self.free_g, self.free_c, self.free_m = dict(base.free_g), dict(base.free_c), dict(base.free_m)
@@ -176,6 +177,7 @@ class _Placing:
                 kept.append(job.id)
             else:
                 came.append(job)
+        kept.extend(self._dormant)  # listed by the rows they are kept by (`_keep_dormant`)
         went = rows_of.keys() - set(kept) if len(kept) < len(rows_of) else ()
         """the jobs listed that are not kept: gone, or placed again (`came`); sums and a set are made of them, so
         their order does not matter"""

@@ -204,6 +204,9 @@ class _Job:
     queue_key: tuple | None = None
     """its key in the round's queue as `_sort_by_slope` last made it: a record carried over and not touched since
     has the key it had (its priority, GPUs, slope tables and placement are the same)"""
+    quiet: bool | str | None = None
+    """for a dormant record (`_Dormant._quiet`): True where `_finish` would give its last outcome again whatever the
+    round, the pending reason with which it would, or None"""
     index_priv: bool = False
     """whether `index_key` was made for the record as a guarantee kept (`privileged`): such a key reads the clock
     (`_NodeIndex._keeps_guarantee`), and is made again every round"""

@@ -19,7 +19,7 @@ def _state(engine) -> tuple:
     shows in the last bit)."""
     jobs = {j.id: (j.g, dict(j.g_on), dict(j.c_on), {n: m.hex() for n, m in j.mem_on.items()}, j.whole, j.forced,
                    j.reason, j.best, j.placed)
-            for j in engine._awake}
+            for j in (*engine._awake, *engine._dormant.values())}  # placing every job wakes the dormant ones
     return (list(engine.free_g.items()), list(engine.free_c.items()), [(n, m.hex()) for n, m in engine.free_m.items()],
             {n: set(ids) for n, ids in engine.on_node.items() if ids}, list(engine.on_node), set(engine.placed), jobs)
 
@@ -33,8 +33,8 @@ def _kept(base) -> tuple:
                          [(1, True, 96, 1600.0), (2, False, 96, 1600.0), (3, True, 12, 160.0), (4, False, 24, 120.0)])
 def test_the_placement_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed, owners, cpus, mem_gb):
     """After every round's `_place_current`, the free GPUs, CPUs and memory of every node (memory to the bit), the jobs
-    on each node, the jobs placed and every record awake are what placing every job again from the nodes' capacities
-    makes, on the same records; the kept placement is as the last round left it when the next round comes (a round
+    on each node, the jobs placed and every record awake or dormant are what placing every job again from the nodes'
+    capacities makes, on the same records; the kept placement is as the last round left it when the next round comes (a round
     writes only its own copies); and the events are the bytes of a core that places every job again every round.
     `owners` loses every node for a while (the layout changes: placed whole again); few CPUs and little memory a node
     make memory and CPUs short."""

@@ -556,7 +556,7 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
     keeps its guarantee with a GPU less moves with the clock while it is carried over."""
     import numpy as np
     real = engine_mod.RubickEngine._index_all
-    seen = {"rounds": 0, "patched": 0, "kept": 0}
+    seen = {"rounds": 0, "patched": 0, "kept": 0, "dormant": 0}
 
     def snapshot(base):
         return (base.by_down[:], dict(base.dkey), dict(base.dnodes), {n: ks[:] for n, ks in base.node_keys.items()},
@@ -569,7 +569,9 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
             kept, now = seen["snapshot"], snapshot(before)
             assert kept[:6] == now[:6] and all(np.array_equal(a, b) for a, b in zip(kept[6], now[6]))
         real(self)
-        for j in self._awake:  # each key as `_reindex` makes it now (a guarantee kept was flagged before)
+        listed_now = (*self._awake, *self._dormant.values())  # the jobs awake, and those left dormant
+        seen["dormant"] += len(self._dormant)
+        for j in listed_now:  # each key as `_reindex` makes it now (a guarantee kept was flagged before)
             listed = j.g > 0 and self._over_min(j) and (
                 not j.privileged or self._keeps_guarantee(j, min(j.g_on, key=lambda n: (j.g_on[n], n))))
             assert self._dkey.get(j.id) == ((j.inp.priority, j.down(), -j.inp.order, j.id) if listed else None)
@@ -581,7 +583,7 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
         inf = np.full(len(self._nidx), math.inf)
         fresh_arrays = (self._lo_p, self._lo_s, self._un_p, self._un_s)
         self._lo_p, self._lo_s, self._un_p, self._un_s = inf.copy(), inf.copy(), inf.copy(), inf.copy()
-        fresh = self._base_of([(j, j.index_key) for j in self._awake if j.index_key is not None])
+        fresh = self._base_of([(j, j.index_key) for j in listed_now if j.index_key is not None])
         self._lo_p, self._lo_s, self._un_p, self._un_s = fresh_arrays
         assert self.by_down == fresh.by_down and self.by_down is not base.by_down
         assert self._dkey == fresh.dkey and self._dnodes == fresh.dnodes
@@ -594,6 +596,7 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
     patched, _ = drive(seed, owners=True, lengths=lengths)
     assert seen["patched"] > seen["rounds"] // 2 and seen["rounds"] - seen["patched"] >= 2
     assert seen["kept"] > 10  # guarantees kept, carried over: their keys made again
+    assert seen["dormant"] > 10  # held jobs left dormant: listed as they were
     monkeypatch.setattr(engine_mod.RubickEngine, "_patch_base", lambda self, base, gathered: False)
     whole, _ = drive(seed, owners=True, lengths=lengths)
     assert patched == whole
@@ -815,6 +818,70 @@ def test_what_a_guarantee_asleep_outside_its_quota_asks_is_kept_only_while_the_c
     assert engine.jobs["w"].want_g == want and not round_at(hi + 2.0)
 
 
+def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_guarantee_would_make_it_otherwise():
+    """A running best-effort job held by the restart rule that a round carried over and left as it found it is left
+    dormant by the next rounds (not made, placed or indexed again; its queue turn and outcome still given), and made
+    again as soon as anything it is made of could differ: its hold ends (the clock), its input is another (a decision),
+    a guarantee under its minimum takes GPUs from it, the nodes change. Round by round, every outcome is a fresh
+    engine's, handed every input, and a dormant job's pending reason follows the free GPUs at its turn."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 16, "t1": 16}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
+
+    def running(job_id, order, node, gpus, changed_s=10.0):
+        return engine_mod.JobIn(job_id, "t1", False, kind, order, 8, 32, Plan(dp=gpus),
+                                current={node: (gpus, 4 * gpus)}, current_plan=Plan(dp=gpus), running=True,
+                                remaining_iters=1e6, target_iters=1e6, changed_s=changed_s)
+
+    jobs = {"a": running("a", 0, "n0", 4), "h": running("h", 1, "n1", 8)}
+
+    def facts(o):
+        return o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending
+
+    def round_of(touched, nodes=nodes):
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
+        for o in fresh.schedule(nodes, list(jobs.values())):
+            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
+        return set(engine._dormant), {j.id for j in engine._awake}, out
+
+    round_of(None)
+    dormant, awake, _ = round_of(set())  # carried over as found: dormant from the round's end
+    assert dormant == {"a", "h"}
+    dormant, awake, out = round_of(set())  # not made: neither awake nor given
+    assert dormant == {"a", "h"} and not awake and not out
+    assert engine.outcome_of("a").pending[0] == "held"  # four GPUs free on its node: it could have grown
+    jobs["b"] = running("b", 2, "n0", 4)
+    jobs["b"].current, jobs["b"].running, jobs["b"].current_plan = {}, False, None  # a new job takes them
+    dormant, awake, out = round_of({"b"})
+    assert "a" in dormant and "a" not in awake and out["a"].pending[0] == "no-gpus"  # its turn: none free now
+    jobs["b"] = running("b", 2, "n0", 4)  # the agents started it: a decision's input
+    dormant, awake, _ = round_of({"b"})
+    assert {"a", "h"} <= dormant and "b" in awake
+    jobs["a"].changed_s = 1e6  # its hold is over: made again, and not held
+    dormant, awake, _ = round_of(set())
+    assert "a" in awake and "a" not in dormant
+    jobs["a"].changed_s = 10.0  # held again (a change the agents answered): carried, then dormant
+    round_of(set())
+    dormant, awake, _ = round_of(set())
+    assert "a" in dormant
+    jobs["g"] = engine_mod.JobIn("g", "t0", True, kind, 3, 8, 32, Plan(dp=8), remaining_iters=1e3, target_iters=1e3)
+    dormant, awake, out = round_of({"g"})  # a guarantee under its minimum takes GPUs from held jobs
+    taken = {j for j in ("a", "b", "h") if j in out and out[j].reason in ("shrunk", "preempted")}
+    assert taken and out["g"].shares and not taken & dormant  # those it took from are finished and made again
+    dormant, awake, _ = round_of(set())
+    assert taken <= awake
+    del jobs["g"]
+    round_of({"g"})
+    round_of(set())
+    before, _, _ = round_of(set())
+    assert before  # some are dormant again
+    more = [*nodes, engine_mod.NodeCap("n2", 8, 96, 1600.0)]
+    dormant, awake, _ = round_of(set(), more)  # the nodes changed: every job placed again, the dormant ones woken
+    assert before <= awake
+
+
 def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeypatch):
     """A running guarantee the last round left as it found it is carried over as a best-effort job is, its guarantee's
     minimum and flag made again for this round's quotas. It is made again where it asks otherwise: its type's margin
@@ -989,8 +1056,8 @@ def test_a_round_told_which_inputs_changed_looks_at_the_sleepers_of_a_refitted_k
 
 
 def test_a_round_cut_short_makes_the_next_look_at_every_input():
-    """A round that ends in an error leaves its sleepers half looked at: the next round, though told which inputs
-    changed, looks at every one, and its outcomes are a fresh engine's."""
+    """A round that ends in an error leaves its sleepers and dormant records half looked at: the next round, though
+    told which inputs changed, looks at every one, and its outcomes are a fresh engine's."""
     oracle, models = from_modeler(MODELER)
     engine = make_policy("rubick", oracle=oracle, models=models).engine
     nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
@@ -1002,19 +1069,19 @@ def test_a_round_cut_short_makes_the_next_look_at_every_input():
     engine.schedule_changed(nodes, jobs, None)
     engine.schedule_changed(nodes, jobs, set())
     assert engine._sleeping.keys() == {"w0", "w1", "w2"}
-    real = engine_mod.RubickEngine._prepare
+    engine.schedule_changed(nodes, jobs, set())
+    assert engine._dormant.keys() == {"holder"}  # held, left as it was found: dormant too
+    real = engine_mod.RubickEngine._place_current
 
-    def broken(self, inp, memo=None, record=None):
-        if inp.job_id == "holder":
-            raise RuntimeError("cut short")
-        return real(self, inp, memo, record)
+    def broken(self):
+        raise RuntimeError("cut short")
 
-    engine_mod.RubickEngine._prepare = broken
+    engine_mod.RubickEngine._place_current = broken
     try:
         with pytest.raises(RuntimeError):
             engine.schedule_changed(nodes, jobs, {"w0"})
     finally:
-        engine_mod.RubickEngine._prepare = real
+        engine_mod.RubickEngine._place_current = real
     out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}  # nothing changed since
     fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731

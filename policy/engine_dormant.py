@@ -1,0 +1,102 @@
+"""The Rubick engine's dormant records: running best-effort jobs held by the restart rule, left out of the passes of a
+round that would make them again as they are.
+
+A running job changed less than the hold ago keeps its allocation against every best-effort reason (`hold_s`). In a
+steady round most jobs awake are such: at 1,024 GPUs about 130 of 260. A round made each again (`_prepare`, carried
+over), listed it among the jobs held, placed and indexed it from the kept placement and index, sorted its queue key,
+tried it (held: it answers at once) and finished it (its last outcome again, most often). Only its queue turn and its
+outcome can differ from the last round's: whether GPUs are free, or held by a job it could take them from, at its turn
+(its pending reason, `held` or `no-gpus`, and the round's `held_back`), and whatever an attempt of a guarantee under
+its minimum takes from it.
+
+So a record the last round carried over and left as it found it, held, holding GPUs at or over its minimum, is kept
+dormant (`_dormant`) while its input is the same object (the round is not told it changed), its model is not refitted,
+it is still held, and the kept placement and index list it as it is. A round then does not make it, nor walk it when
+it places and indexes the jobs awake (it is in the kept placement and index already), but counts it among the jobs held,
+gives its queue key its turn, and finishes it. Where the placement or the index is made whole, or slopes that are not
+numbers make the index one job at a time, the dormant records are woken first (`_wake_dormant`): among the jobs awake
+in the order those were made, as `_prepare` would have carried them."""
+
+from __future__ import annotations
+
+from .engine_guarantees import _made_order
+from .records import _Job
+
+
+class _Dormant:
+    """Part of `RubickEngine`: its dormant records (it reads the round's state the engine keeps)."""
+
+    def _keep_dormant(self, ids: set[str], jobs, hold: float) -> None:
+        """At a round told which inputs changed, before its records are made: the last round's dormant records that
+        stay so (`_dormant`); the others are added to `ids`, to be made again."""
+        ids.update(getattr(self, "_roused", ()))
+        dormant = getattr(self, "_dormant", None)
+        if not dormant:
+            self._dormant = {}
+            return
+        place, index = getattr(self, "_place_base", None), getattr(self, "_index_base", None)
+        if place is None or index is None:
+            ids.update(dormant)
+            self._dormant = {}
+            return
+        rows, dkey, listed_held = place.rows, index.dkey, index.held
+        backoff = self.hold_backoff_s > 0
+        kept: dict[str, _Job] = {}
+        for job_id, job in dormant.items():
+            inp = job.inp
+            key = job.index_key
+            if (job_id not in ids and jobs.get(job_id) is inp and inp.running and inp.current
+                    and self._version(inp.kind) is job.version
+                    and inp.changed_s < (hold * self._backoff(inp) if backoff else hold)
+                    and job.current_rows[0] is inp.current and job.current_rows[1] is inp.current_mem
+                    and rows.get(job_id) is job.current_rows[2]
+                    and (dkey.get(job_id) is key and job_id in listed_held if key is not None
+                         else job_id not in dkey)):
+                kept[job_id] = job
+            else:
+                ids.add(job_id)
+        self._dormant = kept
+
+    def _wake_dormant(self) -> None:
+        """The dormant records made jobs awake for the rest of the round, in the order the jobs awake were made in:
+        what `_prepare` would have made of them (carried over)."""
+        dormant = self._dormant
+        if dormant:
+            self._awake.extend(dormant.values())
+            self._awake.sort(key=_made_order)
+            self._dormant = {}
+
+    def _fall_dormant(self) -> None:
+        """At a round's end: the records the next round may leave dormant. Those carried over (or dormant) and left as
+        found, best-effort, held, placed whole on GPUs at or over their minimum: the next round's `_prepare` would carry
+        each over again while its input, model and hold are the same (`_keep_dormant` checks those)."""
+        held, was = self.held, self._dormant
+        dormant: dict[str, _Job] = {}
+        roused: list[str] = []  # dormant this round, made again by the next (they are not among the jobs awake)
+        for group in (self._awake, was.values()):
+            for job in group:
+                if (job.carried and not job.touched and job.g and job.g >= job.min_g and job.id in held
+                        and not job.inp.guaranteed and not job.privileged and not job.forced and not job.reason
+                        and not job.detail and job.whole and job.placed is not None
+                        and job.current_rows is not None and job.version is not None):
+                    dormant[job.id] = job
+                    job.quiet = self._quiet(job)
+                elif group is not self._awake:
+                    roused.append(job.id)
+        self._dormant, self._roused = dormant, roused
+
+    def _quiet(self, job: _Job) -> bool | str | None:
+        """What `_finish` would read of a dormant record that nothing writes: True where it gives its last outcome again
+        whatever the round (no pending reason: it holds as many GPUs as it asks for), the pending reason of its last
+        outcome where it gives it again while the round gives that reason (`why`, `no-gpus` where none), None where it
+        is to be finished (its last outcome not made from the memo `_finish` reads)."""
+        memo, rm = job.finish_memo, job.running_memo
+        if (memo is None or rm is None or memo[0] is not job.placed or memo[1] is not job.detail or memo[2]
+                or rm[0] is not memo[3] or job.given is not memo[3] or rm[4] is not None):
+            return None
+        pending = rm[5]
+        if not self.reasons or memo[4] > 0 and memo[4] >= min(job.inp.requested_gpus, job.want_g):
+            return True if pending is None else None
+        if pending is None or pending[2] or pending[1] != max(1, self._least(job)):
+            return None
+        return pending[0]
