@@ -307,10 +307,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         why = self.why
         for j in self._dormant.values():  # as `_finish` would give it, where `_quiet` says so
             quiet = j.quiet
-            if ((j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet))
-                    and (o := finish(j)) is not j.given):
-                j.given = o
-                out.append(o)
+            if j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet):
+                j.quiet = None  # finished: worked out again at the round's end (`_fall_dormant`)
+                if (o := finish(j)) is not j.given:
+                    j.given = o
+                    out.append(o)
         for j in self._woken:
             if j.answered != now and (o := finish(j)) is not j.given:
                 j.given = o

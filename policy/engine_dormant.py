@@ -80,7 +80,8 @@ class _Dormant:
                         and not job.detail and job.whole and job.placed is not None
                         and job.current_rows is not None and job.version is not None):
                     dormant[job.id] = job
-                    job.quiet = self._quiet(job)
+                    if group is self._awake or job.quiet is None:  # else left dormant as found: the same
+                        job.quiet = self._quiet(job)
                 elif group is not self._awake:
                     roused.append(job.id)
         self._dormant, self._roused = dormant, roused
