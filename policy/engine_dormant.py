@@ -2,7 +2,7 @@
 round that would make them again as they are.
 
 A running job changed less than the hold ago keeps its allocation against every best-effort reason (`hold_s`). In a
-steady round most jobs awake are such: at 1,024 GPUs about 130 of 260. A round made each again (`_prepare`, carried
+steady round many jobs awake are such: at 1,024 GPUs about 125 of 275. A round made each again (`_prepare`, carried
 over), listed it among the jobs held, placed and indexed it from the kept placement and index, sorted its queue key,
 tried it (held: it answers at once) and finished it (its last outcome again, most often). Only its queue turn and its
 outcome can differ from the last round's: whether GPUs are free, or held by a job it could take them from, at its turn
