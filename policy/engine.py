@@ -299,12 +299,16 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                 self._schedule_job(job)
         self._wake(at, None)
         self._failed = None
-        finish, out = self._finish, []
+        finish, quiet_of, out, why = self._finish, self._quiet, [], self.why
         for j in self._awake:  # an outcome the last round gave again is left out: the service has it
+            quiet = j.quiet
+            if (quiet is not None and j.carried and not j.touched and not j.reason and not j.forced
+                    and j.privileged is j.quiet_priv and (quiet is True or why.get(j.id, "no-gpus") == quiet)):
+                continue  # carried over as it was when its last outcome was made: `_finish` would give it again
             if (o := finish(j)) is not j.given:
                 j.given = o
                 out.append(o)
-        why = self.why
+            j.quiet = quiet_of(j) if j.g else None
         for j in self._dormant.values():  # as `_finish` would give it, where `_quiet` says so
             quiet = j.quiet
             if j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet):

@@ -80,24 +80,29 @@ class _Dormant:
                         and not job.detail and job.whole and job.placed is not None
                         and job.current_rows is not None and job.version is not None):
                     dormant[job.id] = job
-                    if group is self._awake or job.quiet is None:  # else left dormant as found: the same
+                    if job.quiet is None:  # else worked out as it was last finished, and nothing written since
                         job.quiet = self._quiet(job)
                 elif group is not self._awake:
                     roused.append(job.id)
         self._dormant, self._roused = dormant, roused
 
     def _quiet(self, job: _Job) -> bool | str | None:
-        """What `_finish` would read of a dormant record that nothing writes: True where it gives its last outcome again
-        whatever the round (no pending reason: it holds as many GPUs as it asks for), the pending reason of its last
-        outcome where it gives it again while the round gives that reason (`why`, `no-gpus` where none), None where it
-        is to be finished (its last outcome not made from the memo `_finish` reads)."""
+        """What `_finish` reads of a record holding GPUs, as it was just finished, while nothing writes it and it is
+        carried over (or dormant) with the same flag of a guarantee kept (`quiet_priv`): True where it gives its last
+        outcome again whatever the round (no pending reason: it holds as many GPUs as it asks for), the pending reason
+        of its last outcome where it gives it again while the round gives that reason (`why`, `no-gpus` where none),
+        None where it is to be finished (its last outcome not made from the memo `_finish` reads, or a guarantee
+        running as best-effort, whose quota state the round works out)."""
+        job.quiet_priv = job.privileged
         memo, rm = job.finish_memo, job.running_memo
-        if (memo is None or rm is None or memo[0] is not job.placed or memo[1] is not job.detail or memo[2]
-                or rm[0] is not memo[3] or job.given is not memo[3] or rm[4] is not None):
+        if (memo is None or rm is None or memo[0] is not job.placed or memo[1] is not job.detail
+                or memo[2] != job.privileged or rm[0] is not memo[3] or job.given is not memo[3] or rm[4] is not None
+                or job.reason or job.forced):
             return None
         pending = rm[5]
         if not self.reasons or memo[4] > 0 and memo[4] >= min(job.inp.requested_gpus, job.want_g):
             return True if pending is None else None
-        if pending is None or pending[2] or pending[1] != max(1, self._least(job)):
+        needs = max(1, job.min_g) if job.privileged else max(1, self._least(job))
+        if pending is None or pending[2] or pending[1] != needs:
             return None
         return pending[0]

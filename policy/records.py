@@ -205,8 +205,10 @@ class _Job:
     """its key in the round's queue as `_sort_by_slope` last made it: a record carried over and not touched since
     has the key it had (its priority, GPUs, slope tables and placement are the same)"""
     quiet: bool | str | None = None
-    """for a dormant record (`_Dormant._quiet`): True where `_finish` would give its last outcome again whatever the
-    round, the pending reason with which it would, or None"""
+    """as the record holding GPUs was last finished (`_Dormant._quiet`): True where `_finish` would give its last
+    outcome again whatever the round, the pending reason with which it would, or None"""
+    quiet_priv: bool = False
+    """its flag of a guarantee kept when `quiet` was worked out: read only while it is the same"""
     index_priv: bool = False
     """whether `index_key` was made for the record as a guarantee kept (`privileged`): such a key reads the clock
     (`_NodeIndex._keeps_guarantee`), and is made again every round"""

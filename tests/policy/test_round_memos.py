@@ -126,7 +126,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     calls = {"candidates": 0, "held": 0, "orders": 0, "reused": 0, "asleep": 0, "attempts": 0, "left_out": 0,
              "stale": 0, "carried": 0, "tables": 0, "quota_kept": 0, "keys_kept": 0, "quota_asleep": 0,
              "quota_woken": 0, "tried_asleep": 0, "carried_guarantees": 0, "finish_kept": 0, "running_left_out": 0,
-             "meets_kept": 0, "answered": 0}
+             "meets_kept": 0, "answered": 0, "quiet_kept": 0}
     real_candidates = engine_mod.RubickEngine._candidates
     real_lowest = engine_mod.RubickEngine._lowest_slope_over_min
     real_order = engine_mod.RubickEngine._node_order
@@ -179,7 +179,9 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     real_changed = engine_mod.RubickEngine.schedule_changed
 
     def changed(self, nodes, jobs, touched=None):
+        finished.clear()
         outcomes = real_changed(self, nodes, jobs, touched)
+        calls["quiet_kept"] += sum(1 for j in self._awake if j.g and j.id not in finished)  # not finished: as it was
         calls["left_out"] += len(jobs) - len(outcomes)
         given = {o.job_id for o in outcomes}
         calls["running_left_out"] += sum(1 for j in self._awake if j.g and j.id not in given)  # the same as last
@@ -214,7 +216,10 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     real_finish, real_outcome = engine_mod.RubickEngine._finish, engine_mod.RubickEngine._outcome
     made = []
 
+    finished = set()
+
     def finish(self, job):
+        finished.add(job.id)
         made.append(False)
         out = real_finish(self, job)
         remade = made.pop()
@@ -276,7 +281,8 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["tried_asleep"] > 100  # sleepers whose attempt failed slept on, not looked at the next round
     assert calls["answered"] > 100  # most answered from the round's failed attempts, their outcomes not made again
     assert calls["keys_kept"] > 100  # and carried records their keys in the queue
-    assert calls["finish_kept"] > 100  # and their last outcomes, not made again
+    assert calls["finish_kept"] + calls["quiet_kept"] > 100  # and their last outcomes, not made again
+    assert calls["quiet_kept"] > 50  # most not even finished: carried over as they were when last finished
     assert calls["meets_kept"] > 10  # and running guarantees carried over whether they keep their guarantee
     assert calls["running_left_out"] > 100  # which the round left out: the service has them
     assert with_memos == without
