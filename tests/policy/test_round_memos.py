@@ -692,23 +692,31 @@ def test_a_waiting_guarantee_works_its_minimum_out_again_when_its_types_margin_c
     assert seen == [4, 8, 4]
 
 
-def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_would_make_it_otherwise(monkeypatch):
-    """A waiting guaranteed job its tenant's quota leaves out runs as best-effort; handed the same input, it is kept
-    asleep as it was, round after round, and woken as soon as anything it is made of would make it otherwise: its
-    type's margin (here the oracle's predictions overshot a measured speed), the clock (its deadline comes so near
-    that it may take only its minimum), the quota being taken away or raised (then it is placed within it). Round by
-    round, every outcome is a fresh engine's, handed every input."""
+def _facts(o) -> tuple:
+    return o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending
+
+
+def _as_fresh(engine, oracle, models, nodes, jobs: dict, out: dict) -> None:
+    """Every job's outcome of a round (`out`, and the last one of a job it left out) is a fresh engine's, handed every
+    input."""
+    fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
+    for o in fresh.schedule(nodes, list(jobs.values())):
+        assert _facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == _facts(o)
+
+
+def _quota_sleeper(monkeypatch) -> tuple:
+    """(oracle, models, engine, nodes, the input of `w`, the inputs, woken): a waiting guarantee `w` whose minimum is
+    over its tenant's quota, beside a running job of another tenant holding a node. `woken` gets, in its last set,
+    the jobs `_wake_in_quota` woke (a caller adds a set before each round it counts)."""
     oracle, models = from_modeler(MODELER)
-    quotas = {"t0": 2, "t1": 16}
-    engine = make_policy("rubick", oracle=oracle, models=models, quotas=quotas).engine
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 16}).engine
     kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
     nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
     holder = engine_mod.JobIn("holder", "t1", False, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
                               current_plan=Plan(dp=8), running=True, priority=10, remaining_iters=1e6, changed_s=1e6)
     waiting = engine_mod.JobIn("w", "t0", True, kind, 1, 8, 32, Plan(dp=8, zero_stage=2, offload=True),
                                remaining_iters=1000.0, target_iters=1000.0)
-    jobs = {"holder": holder, "w": waiting}
-    woken: list[set] = []
+    woken: list[set] = [set()]
     real = engine_mod.RubickEngine._wake_in_quota
 
     def wake(self, used):
@@ -718,17 +726,23 @@ def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_w
         return out
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_wake_in_quota", wake)
-    facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
+    return oracle, models, engine, nodes, waiting, {"holder": holder, "w": waiting}, woken
 
+
+def test_a_guarantee_outside_its_quota_sleeps_until_its_quota_margins_or_clock_would_make_it_otherwise(monkeypatch):
+    """A waiting guaranteed job its tenant's quota leaves out runs as best-effort; handed the same input, it is kept
+    asleep as it was, round after round, and woken as soon as anything it is made of would make it otherwise: its
+    type's margin (here the oracle's predictions overshot a measured speed), the clock (its deadline comes so near
+    that it may take only its minimum), the quota being taken away or raised (then it is placed within it). Round by
+    round, every outcome is a fresh engine's, handed every input."""
+    oracle, models, engine, nodes, waiting, jobs, woken = _quota_sleeper(monkeypatch)
     given = []
 
     def round_of(touched):
         woken.append(set())
         out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
         given.append("w" in out)
-        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
-        for o in fresh.schedule(nodes, list(jobs.values())):  # a job left out gives its last outcome again
-            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
+        _as_fresh(engine, oracle, models, nodes, jobs, out)
         return woken[-1], engine.jobs["w"]
 
     assert round_of(None)[1].detail == {"quota": "exceeded"}  # its minimum is over the quota: best-effort
@@ -756,28 +770,7 @@ def test_what_a_guarantee_asleep_outside_its_quota_asks_is_kept_only_while_the_c
     Walked to the very second its slack runs out (found by bisection on `_asks` itself, to the last bit) and past it,
     the sleeper wakes in the round that `_asks` worked out afresh changes, and in no other; its progress reported
     while it waits (less work left: room again) wakes it at once. Every outcome is a fresh engine's."""
-    oracle, models = from_modeler(MODELER)
-    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 2, "t1": 16}).engine
-    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
-    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
-    holder = engine_mod.JobIn("holder", "t1", False, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
-                              current_plan=Plan(dp=8), running=True, priority=10, remaining_iters=1e6, changed_s=1e6)
-    waiting = engine_mod.JobIn("w", "t0", True, kind, 1, 8, 32, Plan(dp=8, zero_stage=2, offload=True),
-                               remaining_iters=1000.0, target_iters=1000.0)
-    jobs = {"holder": holder, "w": waiting}
-    woken: list[set] = [set()]
-    real = engine_mod.RubickEngine._wake_in_quota
-
-    def wake(self, used):
-        before = set(self._quota_sleepers)
-        out = real(self, used)
-        woken[-1] |= before - set(self._quota_sleepers)
-        return out
-
-    monkeypatch.setattr(engine_mod.RubickEngine, "_wake_in_quota", wake)
-
-    def facts(o):
-        return o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending
+    oracle, models, engine, nodes, waiting, jobs, woken = _quota_sleeper(monkeypatch)
 
     def round_at(elapsed: float) -> bool:
         """A round with the sleeper `elapsed` s after its submission; whether it woke, checked against `_asks`."""
@@ -788,9 +781,7 @@ def test_what_a_guarantee_asleep_outside_its_quota_asks_is_kept_only_while_the_c
         should = record.sleeping and asks_now != record.want_g
         woken.append(set())
         out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}
-        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
-        for o in fresh.schedule(nodes, list(jobs.values())):
-            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
+        _as_fresh(engine, oracle, models, nodes, jobs, out)
         woke = "w" in woken[-1]
         assert woke == should, (elapsed, asks_now, record.want_g)
         return woke
@@ -842,14 +833,9 @@ def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_g
 
     jobs = {"a": running("a", 0, "n0", 4), "h": running("h", 1, "n1", 8)}
 
-    def facts(o):
-        return o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending
-
     def round_of(touched, nodes=nodes):
         out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
-        fresh = make_policy("rubick", oracle=oracle, models=models, quotas=dict(engine.quotas)).engine
-        for o in fresh.schedule(nodes, list(jobs.values())):
-            assert facts(out.get(o.job_id, engine.outcome_of(o.job_id))) == facts(o)
+        _as_fresh(engine, oracle, models, nodes, jobs, out)
         return set(engine._dormant), {j.id for j in engine._awake}, out
 
     round_of(None)
