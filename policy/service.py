@@ -142,8 +142,10 @@ class PolicyCore:
     """jobs whose entry in `_listed` was made again or dropped since the engine was last handed `_listed`: what an
     engine that takes them (`RubickEngine.schedule_changed`) needs to look at, besides its own; None: not known
     (`_listed` was made again whole), and every input is looked at"""
-    _moving: set = field(default_factory=set, repr=False)
-    """jobs in `_listed` whose inputs move with the clock (running or guaranteed): brought forward every round"""
+    _moving: dict = field(default_factory=dict, repr=False)
+    """job -> (its input in `_listed`, its state) for the jobs whose inputs move with the clock (running or
+    guaranteed): brought forward every round. A job's state object is replaced only by an event about it, which
+    makes its entry again"""
     _folded: int = field(default=-1, repr=False)
     """the state's count of events applied (`ClusterState.events`) after the core's own last one: a count that
     differs means events applied to the state past `handle` (a benchmark timing rounds alone does), which `_stale`
@@ -390,27 +392,34 @@ class PolicyCore:
         """Set the fields of each job's input that change while nothing happens to it: its status, its progress (the
         iterations left, the measured speed its deadline is counted at) and those that follow the clock. Run for every
         running or guaranteed job every round: what it reads of the service is looked up once."""
-        progress, changed_at, changes, ref_iter = self.progress.get, self.changed_at.get, self.changes, self.ref_iter.get
+        progress, changed_at, changes, ref_iter = self.progress.get, self.changed_at.get, self.changes.get, self.ref_iter.get
         ticking, inf = self.tick_period_s > 0, math.inf
         window = getattr(self.engine, "hold_backoff_s", 0.0)
         for inp, job in pairs:
             job_id = job.job_id
-            running = job.status == "running"
-            inp.running = running or bool(inp.current)
             # the iterations left at `t`: those measured or reported, and those run since at the measured speed
-            prog = progress(job_id, _NO_PROGRESS)
-            done = prog.iterations if prog.iterations > job.iterations_done else job.iterations_done
-            if running and prog.iter_time_s and t > prog.at:
-                done += (t - prog.at) / prog.iter_time_s
+            done = job.iterations_done
+            prog = progress(job_id)
+            if job.status == "running":
+                inp.running = True
+                if prog is not None:
+                    if prog.iterations > done:
+                        done = prog.iterations
+                    if prog.iter_time_s and t > prog.at:
+                        done += (t - prog.at) / prog.iter_time_s
+            else:
+                inp.running = bool(inp.current)
+                if prog is not None and prog.iterations > done:
+                    done = prog.iterations
             remaining = job.target_iterations - done
             inp.remaining_iters = remaining if remaining > 0 else inf
             elapsed = t - job.submitted_at
             inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0
             inp.changed_s = t - changed_at(job_id, -inf) if ticking else inf
-            times = changes.get(job_id)  # its changes within the engine's `hold_backoff_s` (older ones forgotten)
-            if times and window > 0:
+            times = changes(job_id) if window > 0 else None  # its changes within the engine's `hold_backoff_s`
+            if times:
                 if t - min(times) >= window:  # some left the window (they are not always in time order)
-                    times[:] = [x for x in times if t - x < window]
+                    times[:] = [x for x in times if t - x < window]  # older ones forgotten
                 inp.recent_changes = len(times)
             else:
                 inp.recent_changes = 0
@@ -449,7 +458,7 @@ class PolicyCore:
         open job, in another order (the engine orders them itself)."""
         listed, moving, kept, states = self._listed, self._moving, self._kept_in, self.state.jobs
         if listed is None or self.state.events != self._folded:
-            listed, moving = self._listed, self._moving = {}, set()
+            listed, moving = self._listed, self._moving = {}, {}
             self._folded = self.state.events
             stale = [js.job_id for js in self.state.open_in(*SCHEDULED)]
             self._touched = None
@@ -458,7 +467,6 @@ class PolicyCore:
             if self._touched is not None:
                 self._touched |= stale
         self._stale = set()
-        made = set()
         for job_id in sorted(stale) if type(stale) is set else stale:  # the same order whatever the hash seed
             js = states.get(job_id)
             scheduled = js is not None and js.status in SCHEDULED
@@ -467,22 +475,20 @@ class PolicyCore:
                 inp = self.job_in(js, t)
                 if inp is None:  # no model for it (yet): asked again next round
                     self._stale.add(job_id)
+                elif job_id in self.order:
+                    kept[job_id] = inp
                 else:
-                    made.add(job_id)
-                    if job_id in self.order:
-                        kept[job_id] = inp
-                    else:
-                        self._stale.add(job_id)  # not kept: made again every round
+                    self._stale.add(job_id)  # not kept: made again every round
             if inp is None:  # over, or no model: not handed over
                 listed.pop(job_id, None)
-                moving.discard(job_id)
+                moving.pop(job_id, None)
                 continue
             listed[job_id] = inp
             if inp.running or inp.guaranteed:
-                moving.add(job_id)
+                moving[job_id] = (inp, js)
             else:
-                moving.discard(job_id)
-        self._forward(((listed[job_id], states[job_id]) for job_id in moving if job_id not in made), t)
+                moving.pop(job_id, None)
+        self._forward(moving.values(), t)  # those made just now a second time: `_forward` gives the same again
         return listed
 
     # --- a round -------------------------------------------------------------------------------
