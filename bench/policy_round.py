@@ -15,9 +15,11 @@ the process of the runs above, the first round at a size finds the plan enumerat
 before it cached already (a process keeps them for the placements it saw), which a policy service just started
 does not.
 
-Each size is run twice. `median`/`p99`: the events between rounds are handed to the core as a
+Each size is run `--runs` times and once more. `median`/`p99`: the events between rounds are handed to the core as a
 deployed one takes them (`PolicyCore.fold`: `handle` without the round each would run), so a round
-makes again only the inputs of the jobs they touched. `whole`: the same events folded into the
+makes again only the inputs of the jobs they touched; `median` is the median of the runs' median rounds (each run a
+fresh core, built again from the same seed), `runs` the lowest and highest of them (the spread a shared machine
+gives), `p99` over the rounds of every run. `whole` (once): the same events folded into the
 core's state behind its back, so that every round looks at every input again (what a core that
 kept nothing between rounds would cost); `same` says whether both runs published the same
 `plan.decided` bytes.
@@ -174,7 +176,7 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, rea
     times.sort()
     placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
     return {"policy": policy, "gpus": nodes * 8, "jobs": jobs, "first_s": first, "median_s": statistics.median(times),
-            "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed,
+            "p99_s": times[min(len(times) - 1, int(0.99 * len(times)))], "placed": placed, "times": times,
             "evaluations": core.engine.book.evaluations, "changed": statistics.median(changed),
             "decided_sha": published.hexdigest()}
 
@@ -240,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per setting with --reasons-overhead")
     ap.add_argument("--no-ticks", dest="ticks", action="store_false",
                     help="a policy core that never saw a clock tick: no job is held (see above)")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="runs per size through the core (`median`: the median of their median rounds)")
     ap.add_argument("--first-runs", type=int, default=3,
                     help="cold first rounds per size, each in a fresh process (the median is printed; 0: none)")
     ap.add_argument("--cold-first", help=argparse.SUPPRESS)
@@ -250,21 +254,30 @@ def main(argv=None) -> int:
     if args.reasons_overhead:
         return overhead(args, modeler)
     print(machine_line())
-    print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size; "
+    print(f"policy {args.policy}; oracle: fitted performance model; {args.rounds} rounds per size "
+          f"(8,192 GPUs and over: a third), {args.runs} runs; "
           + ("clock ticks every 60 s (holds on)" if args.ticks else "no clock tick seen (no job held)"))
-    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'cold first':>11} {'median':>10} {'p99':>10} {'whole':>10} "
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>12} {'cold first':>11} {'median':>10} {'runs':>17} {'p99':>10} "
+          f"{'whole':>10} "
           f"{'same':>5} {'placed':>7} {'changed/round':>14} {'plans evaluated':>16}")
     rows = []
     for item in args.sizes.split(","):
         gpus, jobs = (int(x) for x in item.split(":"))
         rounds = args.rounds if gpus <= 1024 else max(5, args.rounds // 3)
-        r = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks)
+        runs = [run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks)
+                for _ in range(max(1, args.runs))]
+        if len({x["decided_sha"] for x in runs}) != 1:
+            sys.exit(f"{gpus} GPUs: the runs published different plan.decided bytes")
+        medians = sorted(x["median_s"] for x in runs)
+        pooled = sorted(t for x in runs for t in x["times"])
+        r = dict(runs[0], median_s=statistics.median(medians), p99_s=pooled[min(len(pooled) - 1, int(0.99 * len(pooled)))])
+        spread = f"{medians[0] * 1e3:.2f}-{medians[-1] * 1e3:.2f}ms"
         w = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks, through_core=False)
         rows.append(r)
         cold = cold_first(args, gpus, jobs)
         cold_text = f"{statistics.median(cold) * 1e3:>9.1f}ms" if cold else f"{'-':>11}"
         print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {cold_text} {r['median_s'] * 1e3:>8.2f}ms "
-              f"{r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms {str(r['decided_sha'] == w['decided_sha']):>5} "
+              f"{spread:>17} {r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms {str(r['decided_sha'] == w['decided_sha']):>5} "
               f"{r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
     if len(rows) > 1:
         base = rows[0]
