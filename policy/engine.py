@@ -290,12 +290,19 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._kept = 0
         self._failed = {}
         self._scans, self._orders = {}, {}
-        sleepers, at = self._sleepers, 0
+        sleepers, at, held, why = self._sleepers, 0, self.held, self.why
         for key in queue:  # merged with the sleepers' keys, in the order one sort of all would give
             if at < len(sleepers) and sleepers[at] < key:
                 at = self._wake(at, key)
             job = key[-1]
-            if job.g < job.want_g or job.g < job.min_g:  # else its attempt would end at once, changing nothing
+            g = job.g
+            if g < job.want_g or g < job.min_g:  # else its attempt would end at once, changing nothing
+                if g and g >= job.min_g and job.id in held:  # `_schedule_job`'s answer to a job held, written out
+                    free = self._free_any
+                    if (free if free is not None else self._any_free()) or self._beats(job, self.lowest):
+                        self.held_back = True  # it could have grown
+                        why[job.id] = "held"
+                    continue
                 self._schedule_job(job)
         self._wake(at, None)
         self._failed = None
@@ -617,13 +624,18 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         if (held is not None and held[1] is version and record is not None and record.inp is inp
                 and record.placed is not None and record.version is version and record.current_rows is not None
                 and record.current_rows[0] is inp.current and record.current_rows[1] is inp.current_mem
-                and record.whole and not (record.touched or record.forced or record.reason or record.detail)
+                and record.whole and not (record.touched or record.forced or record.reason)
+                and (not record.detail or record.detail is record.quota_detail)
                 and (not inp.guaranteed and not record.privileged
                      or guaranteed and self._carries(record, held, margins))):
             # a job the last round placed on its current allocation and did not touch since, asking the same at the
-            # same model version: its record is what this round makes of it, once placed the same way
+            # same model version: its record is what this round makes of it, once placed the same way. A guarantee
+            # its quota left out last round (`_privileged` wrote it the detail that says so, and nothing else) has
+            # it taken off, as `_clear` would: this round's quotas say it again, with the same detail object
             self._prepared[inp.job_id] = held
             record.carried = True
+            if record.detail:
+                record.detail = {}
             return record
         if held is None or held[1] is not version or held[6] != margins or (
                 (record is None or record.inp is not inp)  # the same input object asks the same (a waiting job's)
