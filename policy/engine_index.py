@@ -15,6 +15,8 @@ from .curves import slope_up
 from .plans import canonical
 from .records import EPS, _entry, _Job, _Order
 
+_INF = math.inf
+
 _SKIP_FROM = 96
 """a walk over a tail of more nodes than this passes those where the search would do nothing (`_visits`); on a
 shorter one, working out which to pass costs more than reading each (rounds on 80 nodes ran faster walking them)"""
@@ -663,13 +665,24 @@ class _NodeIndex:
         under it until it ends, however much a later guarantee needs their nodes. `want`: the GPUs
         it would take (its `want_g` where None)."""
         inp = job.inp
-        if self.fixed_resources or not (math.isfinite(inp.remaining_iters) and math.isfinite(inp.target_iters)):
+        remaining, target = inp.remaining_iters, inp.target_iters
+        if self.fixed_resources or not (-_INF < remaining < _INF and -_INF < target < _INF):  # not finite
             return True
-        fast = float(job.curve[min(job.want_g if want is None else want, len(job.curve) - 1)]) * job.ref
-        if fast <= 0 or job.ref <= 0:
+        curve, ref, want = job.curve, job.ref, job.want_g if want is None else want
+        memo = job.fast_memo  # the same three, round after round, for a running guarantee carried over
+        if memo is not None and memo[0] is curve and memo[1] == want and memo[2] == ref:
+            fast = memo[3]
+        else:
+            fast = float(curve[min(want, len(curve) - 1)]) * ref
+            job.fast_memo = (curve, want, ref, fast)
+        if fast <= 0 or ref <= 0:
             return True
         now = self.restart_cost_s if inp.running else 0.0
-        return self._time_left(job) - now - inp.remaining_iters * inp.kind.global_batch / fast >= self.restart_cost_s
+        gbs, measured = inp.kind.global_batch, inp.ref_iter_s
+        per_iter = gbs / ref
+        if measured < per_iter:  # `_time_left`, written out (`min` keeps the first where neither is below)
+            per_iter = measured
+        return target * per_iter - inp.elapsed_s - now - remaining * gbs / fast >= self.restart_cost_s
 
     def _asks(self, job: _Job, want: int, least: int) -> int:
         """The GPUs a guarantee asks for now, wanting `want` with a minimum of `least`: its want, or its minimum where
