@@ -178,6 +178,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._kept = 0
         """attempts whose changes were kept, since the queue began"""
         self._margins_seen: dict[str, tuple] = {}
+        if not hasattr(self, "_margins_last"):
+            self._margins_last: dict[str, tuple] = {}
+            """model type -> the last `_margins_key` worked out for it, kept across rounds"""
         """model type -> `_margins_key`, for this round"""
         self._cluster_gpus = layout[11]
         self._least_seen: dict[tuple[int, int], int] = {}
@@ -596,11 +599,19 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
 
     def _margins_key(self, kind: JobKind) -> tuple:
         """What the type's margins depend on (a memo key); worked out once per type a round (the oracle's bounds
-        and what it has seen change between rounds only)."""
+        and what it has seen change between rounds only). A key equal to the last one worked out for the type is
+        that object (`_margins_last`): the records' keys, compared every round, are then most often the same object,
+        which compares at once (a key holds the type's bounds, a tuple of pairs)."""
         name = kind.model.name
         key = self._margins_seen.get(name)
         if key is None:
-            key = self._margins_seen[name] = self._margins_now(kind)
+            key = self._margins_now(kind)
+            last = self._margins_last.get(name)
+            if last is not None and last == key:
+                key = last
+            else:
+                self._margins_last[name] = key
+            self._margins_seen[name] = key
         return key
 
     def _margins_now(self, kind: JobKind) -> tuple:
