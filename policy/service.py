@@ -146,6 +146,12 @@ class PolicyCore:
     """job -> (its input in `_listed`, its state) for the jobs whose inputs move with the clock (running or
     guaranteed): brought forward every round. A job's state object is replaced only by an event about it, which
     makes its entry again"""
+    _still: dict = field(default_factory=dict, repr=False)
+    """job -> (its input in `_listed`, its submission time, the time of its last change, its state) for the waiting
+    guaranteed jobs whose inputs move with the clock alone: holding nothing, not running, with no change within the
+    engine's `hold_backoff_s`. Their seconds since submission and since their last change are brought forward, the
+    rest stays as the round that listed them brought it (only an event about the job changes it, which lists it again,
+    or a measured iteration, which hands it back to `_moving`)"""
     _folded: int = field(default=-1, repr=False)
     """the state's count of events applied (`ClusterState.events`) after the core's own last one: a count that
     differs means events applied to the state past `handle` (a benchmark timing rounds alone does), which `_stale`
@@ -179,6 +185,9 @@ class PolicyCore:
             if base != "metrics.iteration":  # what it changes is brought forward every round
                 self._kept_in.pop(about, None)
                 self._stale.add(about)
+            elif about in self._still:  # its progress or measured speed may have moved: all of it brought forward
+                inp, _, _, js = self._still.pop(about)
+                self._moving[about] = (inp, js)
         elif base not in KEEPS_INPUTS:
             self._kept_in.clear()  # an event about no one job that may change some (a node lost stops its jobs)
             self._listed = None
@@ -456,9 +465,9 @@ class PolicyCore:
         `_listed` between rounds, and a round makes again only those of the jobs something happened to (`_stale`)
         and brings forward those that move with the clock (`_moving`). The same inputs as `_inputs` makes of every
         open job, in another order (the engine orders them itself)."""
-        listed, moving, kept, states = self._listed, self._moving, self._kept_in, self.state.jobs
+        listed, moving, still, kept, states = self._listed, self._moving, self._still, self._kept_in, self.state.jobs
         if listed is None or self.state.events != self._folded:
-            listed, moving = self._listed, self._moving = {}, {}
+            listed, moving, still = self._listed, self._moving, self._still = {}, {}, {}
             self._folded = self.state.events
             stale = [js.job_id for js in self.state.open_in(*SCHEDULED)]
             self._touched = None
@@ -467,6 +476,8 @@ class PolicyCore:
             if self._touched is not None:
                 self._touched |= stale
         self._stale = set()
+        fresh = []
+        """the jobs listed again that move with the clock: brought forward whole once, then maybe `_still`"""
         for job_id in sorted(stale) if type(stale) is set else stale:  # the same order whatever the hash seed
             js = states.get(job_id)
             scheduled = js is not None and js.status in SCHEDULED
@@ -479,6 +490,7 @@ class PolicyCore:
                     kept[job_id] = inp
                 else:
                     self._stale.add(job_id)  # not kept: made again every round
+            still.pop(job_id, None)
             if inp is None:  # over, or no model: not handed over
                 listed.pop(job_id, None)
                 moving.pop(job_id, None)
@@ -486,9 +498,23 @@ class PolicyCore:
             listed[job_id] = inp
             if inp.running or inp.guaranteed:
                 moving[job_id] = (inp, js)
+                fresh.append(job_id)
             else:
                 moving.pop(job_id, None)
         self._forward(moving.values(), t)  # those made just now a second time: `_forward` gives the same again
+        if still:
+            ticking, inf = self.tick_period_s > 0, math.inf
+            for inp, submitted, changed, _ in still.values():  # `_forward`'s clock fields, the rest as they are
+                elapsed = t - submitted
+                inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0
+                inp.changed_s = t - changed if ticking else inf
+        if fresh:
+            changes, changed_at = self.changes, self.changed_at
+            for job_id in fresh:
+                inp, js = moving[job_id]
+                if not inp.running and not inp.current and not changes.get(job_id):
+                    del moving[job_id]
+                    still[job_id] = (inp, js.submitted_at, changed_at.get(job_id, -math.inf), js)
         return listed
 
     # --- a round -------------------------------------------------------------------------------

@@ -66,10 +66,11 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     """A job nothing happened to takes its last round's input again, with the fields that follow the clock, its
     progress and its status brought forward (`PolicyCore._inputs`). Round by round, through what changes a job
     (its priority, a suspension and a resumption, a cancellation, a preemption, measured iterations, one run as
-    asked, a node lost, a refit, a new tick period, holds forgotten, a node lost under a job a guarantee just took
-    its GPUs from), every input the engine is handed equals, field by field, what `job_in` builds then; but the
-    fields that follow the clock of a best-effort job holding nothing, which the engine says it does not read
-    (`RubickEngine.waiting_clock`): the same input object is handed over with them as they were."""
+    asked, a late report of a guarantee waiting, a node lost, a refit, a new tick period, holds forgotten, a node lost
+    under a job a guarantee just took its GPUs from), every input the engine is handed equals, field by field, what
+    `job_in` builds then; but the fields that follow the clock of a best-effort job holding nothing, which the engine
+    says it does not read (`RubickEngine.waiting_clock`): the same input object is handed over with them as they
+    were."""
     from controlplane.events import JobCompleted, JobPreempted, ModelUpdated, NodeLost
     from controlplane.events.payloads import JobControl, JobPriority
     from modeler.service import make_core
@@ -163,6 +164,13 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     core.handle(c.ev("metrics.iteration", MetricsIteration(
         job_id=keeps, model_type=core.state.jobs[keeps].model_type, iteration=9, iter_time_s=0.5,
         plan=core.state.jobs[keeps].plan, gpus_per_node=(share.gpus,), cpus_per_gpu=max(1, share.cpus // share.gpus))))
+    late = next(j for j in waiting() if core.state.jobs[j].guaranteed)  # a guarantee waiting since the first round
+    st = core.state.jobs[late]  # a late report of it: its progress and measured speed move while it waits
+    assert late not in core.progress and late not in core.ref_iter
+    core.handle(c.ev("metrics.iteration", MetricsIteration(
+        job_id=late, model_type=st.model_type, iteration=499, iter_time_s=0.7, plan=st.requested_plan,
+        gpus_per_node=(st.requested.gpus,), cpus_per_gpu=4)))
+    assert core.progress[late].iterations == 500 and late in core.ref_iter
     params = dict(make_core().types["bert"].params.as_dict())
     params["k_bwd"] *= 1.3
     core.handle(c.ev("model.updated", ModelUpdated(model_type="bert", version=2, params=params, n_points=9,
