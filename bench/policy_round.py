@@ -270,14 +270,16 @@ def main(argv=None) -> int:
             sys.exit(f"{gpus} GPUs: the runs published different plan.decided bytes")
         medians = sorted(x["median_s"] for x in runs)
         pooled = sorted(t for x in runs for t in x["times"])
-        r = dict(runs[0], median_s=statistics.median(medians), p99_s=pooled[min(len(pooled) - 1, int(0.99 * len(pooled)))])
+        p99 = pooled[min(len(pooled) - 1, int(0.99 * len(pooled)))]
+        r = dict(runs[0], median_s=statistics.median(medians), p99_s=p99)
         spread = f"{medians[0] * 1e3:.2f}-{medians[-1] * 1e3:.2f}ms"
         w = run(args.policy, gpus // 8, jobs, rounds, args.seed, modeler, ticks=args.ticks, through_core=False)
         rows.append(r)
         cold = cold_first(args, gpus, jobs)
         cold_text = f"{statistics.median(cold) * 1e3:>9.1f}ms" if cold else f"{'-':>11}"
         print(f"{r['gpus']:>6} {r['jobs']:>6} {r['first_s'] * 1e3:>10.1f}ms {cold_text} {r['median_s'] * 1e3:>8.2f}ms "
-              f"{spread:>17} {r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms {str(r['decided_sha'] == w['decided_sha']):>5} "
+              f"{spread:>17} {r['p99_s'] * 1e3:>8.2f}ms {w['median_s'] * 1e3:>8.2f}ms "
+              f"{str(r['decided_sha'] == w['decided_sha']):>5} "
               f"{r['placed']:>7} {r['changed']:>14.0f} {r['evaluations']:>16}")
     if len(rows) > 1:
         base = rows[0]

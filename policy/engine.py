@@ -178,10 +178,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._kept = 0
         """attempts whose changes were kept, since the queue began"""
         self._margins_seen: dict[str, tuple] = {}
+        """model type -> `_margins_key`, for this round"""
         if not hasattr(self, "_margins_last"):
             self._margins_last: dict[str, tuple] = {}
             """model type -> the last `_margins_key` worked out for it, kept across rounds"""
-        """model type -> `_margins_key`, for this round"""
         self._cluster_gpus = layout[11]
         self._least_seen: dict[tuple[int, int], int] = {}
         """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""

@@ -680,7 +680,7 @@ class _NodeIndex:
         now = self.restart_cost_s if inp.running else 0.0
         gbs, measured = inp.kind.global_batch, inp.ref_iter_s
         per_iter = gbs / ref
-        if measured < per_iter:  # `_time_left`, written out (`min` keeps the first where neither is below)
+        if measured < per_iter:  # noqa: PLR1730 (`_time_left`'s `min` written out: a call costs more, every round)
             per_iter = measured
         return target * per_iter - inp.elapsed_s - now - remaining * gbs / fast >= self.restart_cost_s
 

@@ -400,8 +400,10 @@ class PolicyCore:
     def _forward(self, pairs: Iterable[tuple[JobIn, JobState]], t: float) -> None:
         """Set the fields of each job's input that change while nothing happens to it: its status, its progress (the
         iterations left, the measured speed its deadline is counted at) and those that follow the clock. Run for every
-        running or guaranteed job every round: what it reads of the service is looked up once."""
-        progress, changed_at, changes, ref_iter = self.progress.get, self.changed_at.get, self.changes.get, self.ref_iter.get
+        running or guaranteed job every round (but the waiting guarantees kept apart in `_still`, whose clock fields
+        alone `_listed_inputs` brings forward): what it reads of the service is looked up once."""
+        progress, changed_at, ref_iter = self.progress.get, self.changed_at.get, self.ref_iter.get
+        changes = self.changes.get
         ticking, inf = self.tick_period_s > 0, math.inf
         window = getattr(self.engine, "hold_backoff_s", 0.0)
         for inp, job in pairs:
@@ -412,7 +414,7 @@ class PolicyCore:
             if job.status == "running":
                 inp.running = True
                 if prog is not None:
-                    if prog.iterations > done:
+                    if prog.iterations > done:  # noqa: PLR1730 (a call to `max` costs more, for each job a round)
                         done = prog.iterations
                     if prog.iter_time_s and t > prog.at:
                         done += (t - prog.at) / prog.iter_time_s
@@ -506,7 +508,7 @@ class PolicyCore:
             ticking, inf = self.tick_period_s > 0, math.inf
             for inp, submitted, changed, _ in still.values():  # `_forward`'s clock fields, the rest as they are
                 elapsed = t - submitted
-                inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0
+                inp.elapsed_s = elapsed if elapsed > 0.0 else 0.0  # noqa: FURB136 (as `_forward`: no call)
                 inp.changed_s = t - changed if ticking else inf
         if fresh:
             changes, changed_at = self.changes, self.changed_at
