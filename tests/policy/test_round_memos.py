@@ -1655,3 +1655,34 @@ def test_an_attempt_that_shrinks_jobs_for_a_change_the_restart_rule_refuses_is_u
     settled_each_time, _ = drive(seed, cpus=cpus, mem_gb=mem_gb)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == settled_each_time
+
+
+def test_a_running_guarantee_is_carried_over_with_no_detail_but_the_one_its_quota_gives():
+    """A running guarantee's record is carried over (`_prepare`) while nothing wrote it, or only the detail that its
+    quota left it out (`quota_detail`), which the round's quotas write again. Any other detail (here the one a round
+    writes where no placement meets a guarantee) makes the record again. Every round's outcomes are a fresh engine's,
+    handed every input."""
+    oracle, models = from_modeler(MODELER)
+    engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 16, "t1": 16}).engine
+    kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
+    nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
+    jobs = {j.job_id: j for j in (
+        engine_mod.JobIn("g", "t0", True, kind, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
+                         current_plan=Plan(dp=8), running=True, remaining_iters=1e5, target_iters=1e5, changed_s=1e6),
+        engine_mod.JobIn("b", "t1", False, kind, 1, 8, 32, Plan(dp=8), current={"n1": (8, 32)},
+                         current_plan=Plan(dp=8), running=True, remaining_iters=1e6, changed_s=1e6))}
+
+    def round_of(touched):
+        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        _as_fresh(engine, oracle, models, nodes, jobs, out)
+        return engine.jobs["g"]
+
+    round_of(None)
+    assert round_of(set()).carried  # nothing written: carried over
+    for detail, carried in (({"guarantee": "no placement meets it this round"}, False), ({"quota": "exceeded"}, True)):
+        record = engine.jobs["g"]
+        record.detail = detail  # as a round leaves it
+        if carried:
+            record.quota_detail = detail
+        record = round_of(set())
+        assert record.carried is carried and "guarantee" not in record.detail and record.detail is not detail
