@@ -664,25 +664,37 @@ class _NodeIndex:
         taken back (a shrink or a move restarts it and makes it late), so they would stay pinned
         under it until it ends, however much a later guarantee needs their nodes. `want`: the GPUs
         it would take (its `want_g` where None)."""
+        terms = self._deadline_terms(job, job.want_g if want is None else want)
+        if terms is None:
+            return True
+        due, now, work = terms
+        return due - job.inp.elapsed_s - now - work >= self.restart_cost_s
+
+    def _deadline_terms(self, job: _Job, want: int) -> tuple[float, float, float] | None:
+        """What a guarantee's slack on `want` GPUs is made of, but the seconds since its submission: (the seconds its
+        whole work takes at the reference, the restart it pays now if it runs, the seconds its work left takes on
+        them); the slack is the first less `elapsed_s`, less the other two (`_room_to_give_back`, `_asks_window`).
+        None where it always has room: fixed resources, work or target not finite, no speed on them, or no
+        reference. The speed on `want` GPUs is kept on the record (`fast_memo`) while its curve and reference stay: a
+        running guarantee carried over is asked it every round."""
         inp = job.inp
         remaining, target = inp.remaining_iters, inp.target_iters
         if self.fixed_resources or not (-_INF < remaining < _INF and -_INF < target < _INF):  # not finite
-            return True
-        curve, ref, want = job.curve, job.ref, job.want_g if want is None else want
-        memo = job.fast_memo  # the same three, round after round, for a running guarantee carried over
+            return None
+        curve, ref = job.curve, job.ref
+        memo = job.fast_memo
         if memo is not None and memo[0] is curve and memo[1] == want and memo[2] == ref:
             fast = memo[3]
         else:
             fast = float(curve[min(want, len(curve) - 1)]) * ref
             job.fast_memo = (curve, want, ref, fast)
         if fast <= 0 or ref <= 0:
-            return True
-        now = self.restart_cost_s if inp.running else 0.0
+            return None
         gbs, measured = inp.kind.global_batch, inp.ref_iter_s
         per_iter = gbs / ref
-        if measured < per_iter:  # noqa: PLR1730 (`_time_left`'s `min` written out: a call costs more, every round)
+        if measured < per_iter:  # noqa: PLR1730 (`min` written out: a call costs more, every round)
             per_iter = measured
-        return target * per_iter - inp.elapsed_s - now - remaining * gbs / fast >= self.restart_cost_s
+        return target * per_iter, self.restart_cost_s if inp.running else 0.0, remaining * gbs / fast
 
     def _asks(self, job: _Job, want: int, least: int) -> int:
         """The GPUs a guarantee asks for now, wanting `want` with a minimum of `least`: its want, or its minimum where
@@ -700,20 +712,14 @@ class _NodeIndex:
         inp = job.inp
         asks = self._asks(job, want, least)
         lo, hi = -math.inf, math.inf
-        floor = max(1, least)
-        if want > floor and not self.fixed_resources and math.isfinite(inp.remaining_iters) and math.isfinite(
-                inp.target_iters):
-            fast = float(job.curve[min(want, len(job.curve) - 1)]) * job.ref
-            if fast > 0 and job.ref > 0:
-                gbs = inp.kind.global_batch
-                due = inp.target_iters * min(gbs / job.ref, inp.ref_iter_s)
-                now = self.restart_cost_s if inp.running else 0.0
-                work = inp.remaining_iters * gbs / fast
-                edge = due - now - work - self.restart_cost_s  # room while `elapsed_s` is at most this, rounding aside
-                band = 2e-12 * (abs(due) + abs(now) + abs(work) + abs(self.restart_cost_s) + 1.0)
-                lo, hi = (-math.inf, edge - band) if asks == want else (edge + band, math.inf)
-                if not lo < inp.elapsed_s < hi:  # near the edge (or not a number): not kept
-                    lo = hi = math.nan
+        terms = self._deadline_terms(job, want) if want > max(1, least) else None
+        if terms is not None:
+            due, now, work = terms
+            edge = due - now - work - self.restart_cost_s  # room while `elapsed_s` is at most this, rounding aside
+            band = 2e-12 * (abs(due) + abs(now) + abs(work) + abs(self.restart_cost_s) + 1.0)
+            lo, hi = (-math.inf, edge - band) if asks == want else (edge + band, math.inf)
+            if not lo < inp.elapsed_s < hi:  # near the edge (or not a number): not kept
+                lo = hi = math.nan
         job.asks_memo = (held, inp, inp.remaining_iters, inp.ref_iter_s, inp.running, lo, hi, asks)
         return asks
 

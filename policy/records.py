@@ -189,7 +189,7 @@ class _Job:
     strictly between the two (`_Guarantees._wake_in_quota` asks it every round)"""
     fast_memo: tuple | None = None
     """(its normalised curve, the GPUs, its reference, the speed its curve gives on them) as
-    `_NodeIndex._room_to_give_back` last read it: a running guarantee carried over is asked it every round"""
+    `_NodeIndex._deadline_terms` last read it: a running guarantee carried over is asked it every round"""
     quota_seen: tuple | None = None
     """(the outcome, (its tenant's quota, what the round used of it)) a guarantee asleep outside its quota, not tried,
     last gave (`RubickEngine._round`). That is all of it a round can change while it sleeps (its pending reason says
