@@ -24,6 +24,7 @@ from .identity import check_subject_node
 from .schema import Invalid, build, to_plain
 
 ENVELOPE_KEYS = ("v", "id", "subject", "time", "source", "data")
+_ENVELOPE_SET = frozenset(ENVELOPE_KEYS)
 DECODER_FAILED = "the decoder failed on it"
 MAX_MESSAGE_BYTES = 1024 * 1024
 """NATS's default max_payload; larger messages are refused."""
@@ -49,6 +50,9 @@ class Event:
         return base_subject(self.subject)
 
 
+_new = object.__new__
+
+
 def new_id(prefix: str = "") -> str:
     """A random event id for shells (cores derive ids from their input instead)."""
     return f"{prefix}{uuid.uuid4().hex}"
@@ -59,7 +63,11 @@ def make(subject: str, payload: Any, *, time: float, id: str, source: str) -> Ev
     cls, version = payload_type(subject)
     if not isinstance(payload, cls):
         raise TypeError(f"{subject} carries {cls.__name__}, not {type(payload).__name__}")
-    return Event(subject=subject, payload=payload, time=float(time), id=id, source=source, v=version)
+    event = _new(Event)  # as in `decode_obj`
+    d = event.__dict__
+    d["subject"], d["payload"], d["time"] = subject, payload, float(time)
+    d["id"], d["source"], d["v"] = id, source, version
+    return event
 
 
 def encode(event: Event) -> bytes:
@@ -101,12 +109,13 @@ def decode(data: bytes, wire_subject: str | None = None) -> Event:
 def decode_obj(obj: Any, wire_subject: str | None = None) -> Event:
     if not isinstance(obj, dict):
         raise Invalid("wrong type", "", "a msgpack map (the envelope)", type(obj).__name__)
-    for key in obj:
-        if key not in ENVELOPE_KEYS:
-            raise Invalid("unknown envelope field", str(key)[:60], ", ".join(ENVELOPE_KEYS), "")
-    for key in ENVELOPE_KEYS:
-        if key not in obj:
-            raise Invalid("missing envelope field", key, "present", "nothing")
+    if obj.keys() != _ENVELOPE_SET:  # the field-by-field checks say which key is wrong
+        for key in obj:
+            if key not in ENVELOPE_KEYS:
+                raise Invalid("unknown envelope field", str(key)[:60], ", ".join(ENVELOPE_KEYS), "")
+        for key in ENVELOPE_KEYS:
+            if key not in obj:
+                raise Invalid("missing envelope field", key, "present", "nothing")
     v, eid, subject, time, source = obj["v"], obj["id"], obj["subject"], obj["time"], obj["source"]
     if not isinstance(subject, str):
         raise Invalid("wrong type", "subject", "string", type(subject).__name__)
@@ -132,4 +141,7 @@ def decode_obj(obj: Any, wire_subject: str | None = None) -> Event:
                       repr(source)[:60])
     payload = build(cls, obj["data"], "data")
     check_subject_node(subject, payload)
-    return Event(subject=subject, payload=payload, time=float(time), id=eid, source=source, v=v)
+    event = _new(Event)  # what `Event(...)` makes, without its frozen assignments' calls (`schema._plain_init`)
+    d = event.__dict__
+    d["subject"], d["payload"], d["time"], d["id"], d["source"], d["v"] = subject, payload, float(time), eid, source, v
+    return event

@@ -326,32 +326,162 @@ _ABSENT = object()
 _FAST: dict[type, typing.Callable[[Any, str], Any]] = {}
 
 
-def _fast_builder(cls: type) -> typing.Callable[[Any, str], Any]:
+_INF = math.inf
+
+
+def _accepts(tp: Any, meta: typing.Mapping[str, Any], var: str, env: dict[str, Any]) -> str | None:
+    """A Python expression, true only where `converter(tp, meta)` would hand `var` back as it is (the same object,
+    every check passed), for the fast builder to take it without the call; None where no such test is written for
+    the type. A value the test does not take still goes to the converter, which accepts it or says why not."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            return None
+        test = _accepts(inner[0], meta, var, env)
+        if test is None:
+            return None
+        return f"({var} is None or {test})" if type(None) in args else test
+    if tp is Any:
+        return "True"
+    if tp not in (int, str, float, bool):
+        return None
+    choices, max_len, pattern, ge, gt, le = (meta.get(k) for k in _BOUND_KEYS)
+    n = len(env)
+    env[f"cls{n}"] = tp
+    terms = [f"{var}.__class__ is cls{n}"]
+    if tp is float:
+        terms.append(f"-INF < {var} < INF")  # finite: NaN compares false
+    if choices is not None:
+        env[f"choices{n}"] = choices
+        terms.append(f"{var} in choices{n}")
+    if tp is str:
+        if max_len is not None:
+            terms.append(f"len({var}) <= {int(max_len)}")
+        if pattern is not None:
+            env[f"rx{n}"] = re.compile(pattern)
+            terms.append(f"rx{n}.fullmatch({var}) is not None")
+    elif tp is not bool:
+        for bound, key, op in ((ge, "ge", ">="), (gt, "gt", ">"), (le, "le", "<=")):
+            if bound is not None:
+                env[f"{key}{n}"] = bound
+                terms.append(f"{var} {op} {key}{n}")
+    elif pattern is not None or max_len is not None or any(b is not None for b in (ge, gt, le)):
+        return None  # a bool with bounds of another kind: left to its converter
+    return "(" + " and ".join(terms) + ")"
+
+
+def _take(tp: Any, meta: typing.Mapping[str, Any], i: int, where: str, env: dict[str, Any], pad: str,
+          building: set[type]) -> list[str]:
+    """The fast builder's lines that set `a{i}`, field `i`'s value (`v`, known present), to what its converter
+    `conv{i}` gives: checked inline where `_accepts` writes the test, a nested map built by its own fast builder, an
+    array taken item by item; anything they do not take goes to the converter."""
+    slow = f"conv{i}(v, {where})"
+    test = _accepts(tp, meta, "v", env)
+    if test is not None:
+        return [f"{pad}a{i} = v if {test} else {slow}"]
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and type(None) in args:  # nil is nil; anything else is the inner type's
+            return ([f"{pad}if v is None:", f"{pad}    a{i} = None", f"{pad}else:"]
+                    + _take(inner[0], meta, i, where, env, pad + "    ", building))
+    elif origin in (tuple, list):
+        item_tp = get_args(tp)[0]
+        item = _accepts(item_tp, {}, "x", env)  # an array's items are held to their type alone (`converter`)
+        if item is not None:
+            return [f"{pad}if v.__class__ is list or v.__class__ is tuple:",
+                    f"{pad}    for x in v:",
+                    f"{pad}        if not {item}:",
+                    f"{pad}            a{i} = {slow}",
+                    f"{pad}            break",
+                    f"{pad}    else:",
+                    f"{pad}        a{i} = tuple(v)",
+                    f"{pad}else:",
+                    f"{pad}    a{i} = {slow}"]
+        if dataclasses.is_dataclass(item_tp) and item_tp not in building:
+            env[f"nested{i}"] = _fast_for(item_tp, building)
+            return [f"{pad}try:",
+                    f"{pad}    if v.__class__ is not list and v.__class__ is not tuple:",
+                    f"{pad}        raise FALLBACK",
+                    f"{pad}    a{i} = tuple([nested{i}(x, path) for x in v])",
+                    f"{pad}except (Fallback, Invalid):",
+                    f"{pad}    a{i} = {slow}"]
+    elif dataclasses.is_dataclass(tp) and tp not in building:
+        env[f"nested{i}"] = _fast_for(tp, building)
+        return [f"{pad}try:",
+                f"{pad}    a{i} = nested{i}(v, path)",
+                f"{pad}except (Fallback, Invalid):",
+                f"{pad}    a{i} = {slow}"]
+    return [f"{pad}a{i} = v if v.__class__ is type{i} else {slow}"]
+
+
+def _plain_init(cls: type) -> bool:
+    """Whether `cls.__init__` is the one `dataclass` wrote and does nothing but set every field from its argument, in
+    the order of `fields`, on an instance that keeps them in its `__dict__` (no `__post_init__`, no field left out of
+    it, no slots), so setting them there is the same instance."""
+    params = cls.__dict__.get("__dataclass_params__")
+    init = cls.__dict__.get("__init__")
+    return (params is not None and params.init and init is not None and not hasattr(cls, "__post_init__")
+            and getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"  # written by `dataclass`
+            and "__slots__" not in cls.__dict__ and all(f.init for f in fields(cls))
+            and len(fields(cls)) == len(cls.__dict__.get("__dataclass_fields__", ())))
+
+
+def _fast_for(cls: type, building: set[type] | None = None) -> typing.Callable[[Any, str], Any]:
+    fast = _FAST.get(cls)
+    if fast is None:
+        fast = _FAST[cls] = _fast_builder(cls, building)
+    return fast
+
+
+def _fast_builder(cls: type, building: set[type] | None = None) -> typing.Callable[[Any, str], Any]:
     """`build` of `cls` for a map that passes every check, written out field by field (every event read is built, and
-    most pass): the same conversions, in the same order, with the same paths. Anything it does not take as it is
-    (not a plain dict, an unknown or a missing required field, a value a converter refuses) is handed back to
-    `build`'s own checks, which give the refusal."""
+    most pass): the same conversions, in the same order, giving the same values. The common checks (a bounded
+    number or name, an array of them, a nested map) are written inline (`_take`), so a value that passes costs no
+    call. Anything it does not take as it is (not a plain dict, an unknown or a missing required field, a value the
+    inline checks do not take and its converter refuses) is handed back to `build`'s own checks, which give the
+    refusal with its path. A nested map's own builder is handed the map's path: it is read only where the map is
+    refused, and then the map is built again by its converter, which names the right path."""
+    building = set() if building is None else building
+    building.add(cls)
     names, items, _ = _plan(cls)
-    env: dict[str, Any] = {"names_within": names.issuperset, "FALLBACK": _FALLBACK, "ABSENT": _ABSENT, "cls": cls}
+    hinted = hints(cls)
+    declared = {f.name: f for f in fields(cls)}
+    metas = {name: f.metadata for name, f in declared.items()}
+    env: dict[str, Any] = {"names_within": names.issuperset, "FALLBACK": _FALLBACK, "ABSENT": _ABSENT, "cls": cls,
+                           "Fallback": _Fallback, "Invalid": Invalid, "INF": _INF, "new": object.__new__}
     lines = ["def fast(data, path):",
              "    if data.__class__ is not dict or not names_within(data):",
-             "        raise FALLBACK",
-             "    kw = {}"]
+             "        raise FALLBACK"]
     for i, (name, _, conv, plain_type, required) in enumerate(items):
-        env[f"conv{i}"], env[f"type{i}"] = conv, plain_type
+        env[f"conv{i}"], env[f"type{i}"], env[f"name{i}"] = conv, plain_type, name
         where = f"(path + {'.' + name!r} if path else {name!r})"
-        lines.append(f"    v = data.get({name!r}, ABSENT)")
+        lines.append(f"    v = data.get(name{i}, ABSENT)")
         if required:
             lines += ["    if v is ABSENT:", "        raise FALLBACK"]
-            lines.append(f"    kw[{name!r}] = v if v.__class__ is type{i} else conv{i}(v, {where})")
+            lines += _take(hinted[name], metas[name], i, where, env, "    ", building)
+            continue
+        default = declared[name]
+        if default.default_factory is not MISSING:
+            env[f"made{i}"] = default.default_factory
+            lines += ["    if v is ABSENT:", f"        a{i} = made{i}()"]
         else:
-            lines += ["    if v is not ABSENT:",
-                      f"        kw[{name!r}] = v if v.__class__ is type{i} else conv{i}(v, {where})"]
-    lines.append("    obj = cls(**kw)")
+            env[f"default{i}"] = default.default
+            lines += ["    if v is ABSENT:", f"        a{i} = default{i}"]
+        lines += ["    else:"] + _take(hinted[name], metas[name], i, where, env, "        ", building)
+    if _plain_init(cls):  # what its `__init__` would do, without its frozen assignments' calls
+        lines += ["    obj = new(cls)", "    d = obj.__dict__"]
+        lines += [f"    d[name{i}] = a{i}" for i in range(len(items))]
+    else:
+        lines.append("    obj = cls(" + ", ".join(f"{name}=a{i}" for i, (name, *_) in enumerate(items)) + ")")
     if hasattr(cls, "check"):
         lines.append("    obj.check(path)")
     lines.append("    return obj")
     exec("\n".join(lines), env)  # noqa: S102 - the source is made here from the dataclass's own field names
+    building.discard(cls)
     return env["fast"]
 
 
@@ -363,7 +493,7 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     """
     fast = _FAST.get(cls)
     if fast is None:
-        fast = _FAST[cls] = _fast_builder(cls)
+        fast = _fast_for(cls)
     try:
         return fast(data, path)
     except (_Fallback, Invalid):
