@@ -113,13 +113,20 @@ class Counting:
         return self.inner.evaluate_many(model, global_batch, items)
 
 
-def _first_fastest_plan(book: PlanBook, kind: JobKind, place: tuple[int, ...], cpg: int) -> tuple[float, object]:
-    """(samples/s, plan) of the first of the fastest plans on `place`, every plan asked directly."""
+def _fastest_plans(book: PlanBook, kind: JobKind, place: tuple[int, ...], cpg: int) -> tuple[float, list]:
+    """(samples/s, plans) of the fastest plans on `place`, every plan asked directly: the first of them, and those
+    within 1e-12 of its speed. Asked one placement at a time, the oracle's array kernels may round a time in its
+    last bits otherwise than in the book's batches (AVX-512 against AVX2), so where plans tie within rounding either
+    may come out first (exact ties go to the plan listed first: `test_a_tie_between_plans_with_and_without_offload_
+    goes_to_the_plan_listed_first`)."""
+    speeds = [(kind.global_batch / seconds, plan) for plan, seconds in book.considered(kind, place, cpg)
+              if seconds > 0 and seconds != float("inf")]
     top = (0.0, None)
-    for plan, seconds in book.considered(kind, place, cpg):
-        if seconds > 0 and seconds != float("inf") and kind.global_batch / seconds > top[0]:
-            top = (kind.global_batch / seconds, plan)
-    return top
+    for speed, plan in speeds:
+        if speed > top[0]:
+            top = (speed, plan)
+    return top[0], [top[1]] + [plan for speed, plan in speeds
+                               if plan != top[1] and speed == pytest.approx(top[0], rel=1e-12)]
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama7"])
@@ -139,15 +146,15 @@ def test_placements_without_plans_cost_no_question_and_the_best_within_a_placeme
     for place in [packed(23, 8), (8, 8, 7), (8, 5, 3, 1), (6, 6, 4)]:
         for cpg in (1, 3, 8, 12):
             found = book.best_within(kind, place, cpg)
-            best = (0.0, None, ())  # the first of the trims whose best plan is the fastest
+            best = (0.0, [None], ())  # the first of the trims whose best plan is the fastest
             for t in trims(place):
-                speed, plan = _first_fastest_plan(reference, kind, t, cpg)
+                speed, plans = _fastest_plans(reference, kind, t, cpg)
                 each = book.best(kind, t, cpg)
-                assert (each.throughput, each.plan) == (pytest.approx(speed, rel=1e-12), plan), (t, cpg)
+                assert each.throughput == pytest.approx(speed, rel=1e-12) and each.plan in plans, (t, cpg)
                 if speed > best[0] * (1 + 1e-9):
-                    best = (speed, plan, t)
+                    best = (speed, plans, t)
             assert found.throughput == pytest.approx(best[0], rel=1e-12), (place, cpg)
-            assert (found.plan, found.placement) == best[1:], (place, cpg)
+            assert found.plan in best[1] and found.placement == best[2], (place, cpg)
             assert found.plan is not None
     assert counting.asked > 0
 
