@@ -212,6 +212,10 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""
         hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        refits = getattr(self.book.oracle, "refits", None)
+        refits = refits() if refits is not None else None
+        """what the oracle says of its models' versions (None: it does not say): while it is the same as at the last
+        round, no kind's memo key (`_version`) changed, and the sleepers' kinds need no look"""
         if whole:
             # every input looked at: this round's records, sleepers and memos made again whole
             self._dormant, self._roused = {}, []
@@ -233,10 +237,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                     ids.add(job.id)
             for job in getattr(self, "_woken_last", ()):
                 ids.add(job.id)
-            for kid, (kind, version, members) in list(self._sleep_kinds.items()):
-                if self._version(kind) is not version:  # refitted: its sleepers are made again
-                    ids.update(members)
-                    del self._sleep_kinds[kid]
+            if refits is None or refits != getattr(self, "_refits", None):  # a model refitted since the last round
+                for kid, (kind, version, members) in list(self._sleep_kinds.items()):
+                    if self._version(kind) is not version:  # refitted: its sleepers are made again
+                        ids.update(members)
+                        del self._sleep_kinds[kid]
             self._keep_dormant(ids, jobs, hold)  # the others are made again
             prior = {job_id for job_id in ids if job_id in was}
             for job_id in prior:
@@ -261,6 +266,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                         fell_asleep.append(record)
                     continue
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
+        self._refits = refits
         to_make.sort()  # ids are unique: no comparison reaches the input
         if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
             self.held = {inp.job_id for _, _, _, inp, _ in to_make

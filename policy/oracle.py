@@ -46,6 +46,7 @@ Item = tuple[tuple[int, ...], int, Plan]
 
 class Oracle(Protocol):
     def version(self, model_type: str) -> int: ...
+    # optional: `refits()`, a value equal to an earlier one only while no type's version changed (`ModelOracle`)
 
     def evaluate(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int,
                  plans: Sequence[Plan]) -> tuple[np.ndarray, tuple[Plan, ...]]: ...
@@ -149,6 +150,10 @@ class ModelOracle(_MemoryMixin):
     def version(self, model_type: str) -> int:
         return self.versions.get(model_type, 0)
 
+    def refits(self) -> tuple:
+        """Every type's version (`version`) as one value: equal to an earlier one only while no type's changed."""
+        return tuple(self.versions.items())
+
     def observe(self, model: ModelType, global_batch: int, placement: tuple[int, ...], cpus_per_gpu: int | None,
                 plan: Plan, iter_time_s: float) -> bool:
         """Compare the first measured iteration of a configuration with its prediction; True when
@@ -233,6 +238,10 @@ class TableOracle(_MemoryMixin):
 
     def version(self, model_type: str) -> int:
         return 0
+
+    def refits(self) -> tuple:
+        """As `ModelOracle.refits`: a table's times are never refitted."""
+        return ()
 
     def evaluate_many(self, model: ModelType, global_batch: int,
                       items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]:
