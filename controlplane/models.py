@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent.parent / "examples" / "models"
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # in C where PyYAML has libyaml: the same documents
 
 
 def models_dir() -> Path:
@@ -21,7 +22,7 @@ def builtin_model_types(directory: Path | None = None) -> list[str]:
     if directory.is_dir():
         for path in sorted(directory.glob("*.y*ml")):
             try:
-                doc = yaml.safe_load(path.read_text())
+                doc = yaml.load(path.read_text(), Loader=_LOADER)  # a safe loader
             except yaml.YAMLError:
                 continue
             name = doc.get("name") if isinstance(doc, dict) else None
