@@ -527,6 +527,8 @@ def _join(path: str, name: str) -> str:
 
 _PRIMITIVES = (str, int, float, bool, bytes, type(None))
 _FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+_PLAIN: dict[type, typing.Callable[[Any], Any]] = {}
+"""dataclass -> `to_plain` of an instance, written out field by field (`_plain_writer`)"""
 
 
 def to_plain(obj: Any) -> Any:
@@ -534,10 +536,15 @@ def to_plain(obj: Any) -> Any:
     t = type(obj)
     if t in _PRIMITIVES:
         return obj
+    writer = _PLAIN.get(t)
+    if writer is not None:
+        return writer(obj)
     names = _FIELD_NAMES.get(t, ())
     if names == ():
         names = tuple(f.name for f in fields(obj)) if dataclasses.is_dataclass(obj) and t is not type else None
         _FIELD_NAMES[t] = names
+        if names is not None and all(n.isidentifier() for n in names):
+            _PLAIN[t] = _plain_writer(t, names)
     if names is not None:
         return {name: to_plain(getattr(obj, name)) for name in names}
     if t is list or t is tuple:
@@ -545,6 +552,21 @@ def to_plain(obj: Any) -> Any:
     if t is dict:
         return {k: to_plain(obj[k]) for k in sorted(obj, key=str)}
     return obj
+
+
+def _plain_writer(cls: type, names: tuple[str, ...]) -> typing.Callable[[Any], Any]:
+    """`to_plain` of an instance of dataclass `cls` (fields `names`), written out: a field holding a plain value (a
+    string, number, boolean, bytes or nil) is taken as it is, anything else goes to `to_plain` (every event sent is
+    encoded, and most fields are plain)."""
+    env: dict[str, Any] = {"plain": to_plain, "PRIMITIVES": frozenset(_PRIMITIVES)}
+    lines = ["def write(obj):"]
+    for i, name in enumerate(names):
+        lines += [f"    v{i} = obj.{name}",
+                  f"    if v{i}.__class__ not in PRIMITIVES:",
+                  f"        v{i} = plain(v{i})"]
+    lines.append("    return {" + ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names)) + "}")
+    exec("\n".join(lines), env)  # noqa: S102 - the source is made here from the dataclass's own field names
+    return env["write"]
 
 
 # --- JSON Schema -----------------------------------------------------------------
