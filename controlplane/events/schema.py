@@ -418,18 +418,6 @@ def _take(tp: Any, meta: typing.Mapping[str, Any], i: int, where: str, env: dict
     return [f"{pad}a{i} = v if v.__class__ is type{i} else {slow}"]
 
 
-def _plain_init(cls: type) -> bool:
-    """Whether `cls.__init__` is the one `dataclass` wrote and does nothing but set every field from its argument, in
-    the order of `fields`, on an instance that keeps them in its `__dict__` (no `__post_init__`, no field left out of
-    it, no slots), so setting them there is the same instance."""
-    params = cls.__dict__.get("__dataclass_params__")
-    init = cls.__dict__.get("__init__")
-    return (params is not None and params.init and init is not None and not hasattr(cls, "__post_init__")
-            and getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"  # written by `dataclass`
-            and "__slots__" not in cls.__dict__ and all(f.init for f in fields(cls))
-            and len(fields(cls)) == len(cls.__dict__.get("__dataclass_fields__", ())))
-
-
 def _fast_for(cls: type, building: set[type] | None = None) -> typing.Callable[[Any, str], Any]:
     fast = _FAST.get(cls)
     if fast is None:
@@ -452,7 +440,7 @@ def _fast_builder(cls: type, building: set[type] | None = None) -> typing.Callab
     declared = {f.name: f for f in fields(cls)}
     metas = {name: f.metadata for name, f in declared.items()}
     env: dict[str, Any] = {"names_within": names.issuperset, "FALLBACK": _FALLBACK, "ABSENT": _ABSENT, "cls": cls,
-                           "Fallback": _Fallback, "Invalid": Invalid, "INF": _INF, "new": object.__new__}
+                           "Fallback": _Fallback, "Invalid": Invalid, "INF": _INF}
     lines = ["def fast(data, path):",
              "    if data.__class__ is not dict or not names_within(data):",
              "        raise FALLBACK"]
@@ -472,11 +460,9 @@ def _fast_builder(cls: type, building: set[type] | None = None) -> typing.Callab
             env[f"default{i}"] = default.default
             lines += ["    if v is ABSENT:", f"        a{i} = default{i}"]
         lines += ["    else:"] + _take(hinted[name], metas[name], i, where, env, "        ", building)
-    if _plain_init(cls):  # what its `__init__` would do, without its frozen assignments' calls
-        lines += ["    obj = new(cls)", "    d = obj.__dict__"]
-        lines += [f"    d[name{i}] = a{i}" for i in range(len(items))]
-    else:
-        lines.append("    obj = cls(" + ", ".join(f"{name}=a{i}" for i, (name, *_) in enumerate(items)) + ")")
+    # the fields given by position where they may be (a call by keyword costs about twice), the others by name
+    args = [f"a{i}" if not declared[name].kw_only else f"{name}=a{i}" for i, (name, *_) in enumerate(items)]
+    lines.append("    obj = cls(" + ", ".join(args) + ")")
     if hasattr(cls, "check"):
         lines.append("    obj.check(path)")
     lines.append("    return obj")
