@@ -460,8 +460,11 @@ def _fast_builder(cls: type, building: set[type] | None = None) -> typing.Callab
             env[f"default{i}"] = default.default
             lines += ["    if v is ABSENT:", f"        a{i} = default{i}"]
         lines += ["    else:"] + _take(hinted[name], metas[name], i, where, env, "        ", building)
-    # the fields given by position where they may be (a call by keyword costs about twice), the others by name
-    args = [f"a{i}" if not declared[name].kw_only else f"{name}=a{i}" for i, (name, *_) in enumerate(items)]
+    # the fields given by position where they may be (a call by keyword costs about twice), in their order, then the
+    # others by name
+    named = [declared[name].kw_only for name, *_ in items]
+    args = ([f"a{i}" for i, kw in enumerate(named) if not kw]
+            + [f"{items[i][0]}=a{i}" for i, kw in enumerate(named) if kw])
     lines.append("    obj = cls(" + ", ".join(args) + ")")
     if hasattr(cls, "check"):
         lines.append("    obj.check(path)")

@@ -319,8 +319,9 @@ def _odd_cases():
 
 def test_the_fast_builder_takes_and_leaves_bound_edges_as_the_checks_do(monkeypatch):
     """The fast builder checks common fields inline (a bounded number or name, an array of plain items, a nested map)
-    and gives a payload its fields by position where it may. At values inside, at and past the bounds, of other types, and in nested maps and arrays, it must decode to the same event, field for field and in
-    the same order, or be refused with the same reason, field, expected and got, as the converters alone give."""
+    and gives a payload its fields by position where it may. At values inside, at and past the bounds, of other
+    types, and in nested maps and arrays, it must decode to the same event, field for field and in the same order, or
+    be refused with the same reason, field, expected and got, as the converters alone give."""
     from controlplane.events import schema
 
     def decoded(wire: bytes, subject: str):
@@ -387,3 +388,23 @@ def test_the_written_out_plain_form_is_the_generic_walks_to_the_byte():
     for payload in payloads:
         assert msgpack.packb(to_plain(payload), use_bin_type=True) == msgpack.packb(_plain_reference(payload),
                                                                                    use_bin_type=True), payload
+
+
+def test_the_fast_builder_gives_fields_by_position_and_by_name_as_the_class_takes_them():
+    """A dataclass may take some fields only by name, listed before others it takes by position: the builder written
+    out for it must give the latter by position, in their order, and the former by name."""
+    import dataclasses
+
+    from controlplane.events.schema import build, spec
+
+    @dataclasses.dataclass(frozen=True)
+    class Mixed:
+        first: int = spec("a field taken by position", ge=0)
+        named: str = dataclasses.field(default="x", kw_only=True, metadata={"doc": "taken by name only"})
+        second: float = spec("another by position", gt=0, default=1.0)
+
+    got = build(Mixed, {"first": 3, "named": "y", "second": 2.5})
+    assert got == Mixed(3, 2.5, named="y") and list(vars(got)) == ["first", "named", "second"]
+    assert build(Mixed, {"first": 0}) == Mixed(0)
+    with pytest.raises(Invalid, match="out of range"):
+        build(Mixed, {"first": 1, "second": 0.0})
