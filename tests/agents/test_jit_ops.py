@@ -66,24 +66,37 @@ def finished(proc: subprocess.Popen, timeout: float) -> str:
     return out
 
 
-def test_a_baton_left_by_a_killed_loader_stalls_plain_loads_and_not_guarded_ones(tmp_path):
-    holder = loader(tmp_path, "answer", "die-holding-the-baton")
+def _killed_holding_the_baton(tmp: Path) -> Path:
+    """A loader killed (SIGKILL) while it holds the guard and torch's baton: the baton it leaves."""
+    holder = loader(tmp, "answer", "die-holding-the-baton")
     assert holder.stdout.readline().strip() == "holding"
-    baton = tmp_path / "ext" / "answer" / jit_ops.BATON
+    baton = tmp / "ext" / "answer" / jit_ops.BATON
     assert baton.exists()
-    waiting = loader(tmp_path, "answer", "guarded")  # waits on the guard while the holder lives
-    time.sleep(1.0)
-    assert waiting.poll() is None
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert baton.exists(), "the killed holder left its baton"
+    return baton
 
-    plain = loader(tmp_path, "answer", "plain")  # torch's own loader waits for the stale baton forever
+
+def test_a_baton_left_by_a_killed_loader_stalls_plain_loads_and_not_guarded_ones(tmp_path):
+    # torch's own loader waits for the stale baton for ever. No guarded loader runs meanwhile: one would take the
+    # stale baton away and build, and the plain loader would then load what it built
+    baton = _killed_holding_the_baton(tmp_path)
+    plain = loader(tmp_path, "answer", "plain")
     with pytest.raises(subprocess.TimeoutExpired):
         plain.communicate(timeout=3.0)
     plain.kill()
     plain.communicate()
+    assert baton.exists()
 
+    # a guarded loader waits on the guard while a holder lives, and once it is killed takes its baton away
+    holder = loader(tmp_path, "answer", "die-holding-the-baton")
+    assert holder.stdout.readline().strip() == "holding"
+    waiting = loader(tmp_path, "answer", "guarded")
+    time.sleep(1.0)
+    assert waiting.poll() is None
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
     assert "loaded" in finished(waiting, timeout=120)
     assert (tmp_path / "ext" / "answer" / "answer.so").exists()
     assert not baton.exists()
