@@ -251,15 +251,18 @@ class ClusterState:
         return None
 
     # --- the fold ------------------------------------------------------------------
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, checked: bool = False) -> None:
+        """Fold `event` in, unless it is refused (`refusal`). `checked`: the caller has just found it not refused,
+        with nothing folded since, so it is not asked again."""
         self.events += 1
-        if self.refusal(event) is not None:
+        if not checked and self.refusal(event) is not None:
             return
         self.time = max(self.time, event.time)
-        handler = _HANDLERS.get(event.base)
+        base = event.base
+        handler = _HANDLERS.get(base)
         if handler is not None:
             handler(self, event.payload, event.time)
-            if event.base == "job.submitted":
+            if base == "job.submitted":
                 job = self.jobs.get(event.payload.job_id)
                 if job is not None and not job.submission_id:
                     job.submission_id = event.id

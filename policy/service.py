@@ -179,7 +179,7 @@ class PolicyCore:
         if base == "plan.decided" or self.state.refusal(event) is not None:
             return []  # a node's report on a job not placed on it changes nothing (admission answers it)
         known_before = event.payload.job_id in self.state.jobs if base == "job.submitted" else False
-        self._apply(event)
+        self._apply(event, True)  # not refused, as just found
         about = getattr(event.payload, "job_id", None)
         if about:
             if base != "metrics.iteration":  # what it changes is brought forward every round
@@ -243,12 +243,13 @@ class PolicyCore:
             self._drop(event.payload.job_id)
         return out
 
-    def _apply(self, event: Event) -> None:
-        """Fold an event into the state, noting whether others were folded past the core since its last one."""
+    def _apply(self, event: Event, checked: bool = False) -> None:
+        """Fold an event into the state, noting whether others were folded past the core since its last one.
+        `checked`: found not refused just before (`ClusterState.apply`)."""
         state = self.state
         if state.events != self._folded:
             self._listed = None
-        state.apply(event)
+        state.apply(event, checked)
         self._folded = state.events
 
     def _drop(self, job_id: str) -> None:
