@@ -55,5 +55,5 @@ class AdmissionCore:
                 subject=event.subject, reason=refusal, field="subject", expected="a node the job is placed on",
                 got=event.subject, event_id=event.id, job_id=event.payload.job_id), time=event.time,
                 id=f"rej-{event.id}", source=self.name))
-        self.state.apply(event)
+        self.state.apply(event, control is None and refusal is None)  # found not refused just now: not asked again
         return out
