@@ -403,19 +403,19 @@ def _take(tp: Any, meta: typing.Mapping[str, Any], i: int, where: str, env: dict
                     f"{pad}    a{i} = {slow}"]
         if dataclasses.is_dataclass(item_tp) and item_tp not in building:
             env[f"nested{i}"] = _fast_for(item_tp, building)
-            return [f"{pad}try:",
-                    f"{pad}    if v.__class__ is not list and v.__class__ is not tuple:",
-                    f"{pad}        raise FALLBACK",
-                    f"{pad}    a{i} = tuple([nested{i}(x, path) for x in v])",
-                    f"{pad}except (Fallback, Invalid):",
-                    f"{pad}    a{i} = {slow}"]
+            return _tried(pad, ["if v.__class__ is not list and v.__class__ is not tuple:", "    raise FALLBACK",
+                                f"a{i} = tuple([nested{i}(x, path) for x in v])"], i, slow)
     elif dataclasses.is_dataclass(tp) and tp not in building:
         env[f"nested{i}"] = _fast_for(tp, building)
-        return [f"{pad}try:",
-                f"{pad}    a{i} = nested{i}(v, path)",
-                f"{pad}except (Fallback, Invalid):",
-                f"{pad}    a{i} = {slow}"]
+        return _tried(pad, [f"a{i} = nested{i}(v, path)"], i, slow)
     return [f"{pad}a{i} = v if v.__class__ is type{i} else {slow}"]
+
+
+def _tried(pad: str, body: list[str], i: int, slow: str) -> list[str]:
+    """Lines that set `a{i}` by `body` (nested maps built by their own fast builders), or by the converter (`slow`)
+    where a nested builder leaves its map to the checks or refuses it: the converter then names the right path."""
+    return ([f"{pad}try:"] + [f"{pad}    {line}" for line in body]
+            + [f"{pad}except (Fallback, Invalid):", f"{pad}    a{i} = {slow}"])
 
 
 def _fast_for(cls: type, building: set[type] | None = None) -> typing.Callable[[Any, str], Any]:

@@ -242,12 +242,24 @@ def test_bounded_fields_refuse_as_the_type_check_and_the_bounds_do():
     assert checked > 500
 
 
+def _checks_alone(monkeypatch) -> None:
+    """From now on every payload is built by `schema.build`'s field-by-field checks: no builder written out."""
+    from controlplane.events import schema
+
+    class Checks(dict):
+        def get(self, cls, default=None):
+            def leave(data, path):
+                raise schema._FALLBACK
+            return leave
+
+    monkeypatch.setattr(schema, "_FAST", Checks())
+
+
 def test_the_fast_builder_builds_and_refuses_as_the_checks_do(monkeypatch):
     """`schema.build` first tries a builder written out for the class, and hands anything it does not take to its
     field-by-field checks. Every sample event, and every sample with one field removed, renamed, or set to a value of
     another type, must decode to the same event, or be refused with the same reason, field, expected and got, as the
     checks alone give."""
-    from controlplane.events import schema
 
     def decoded(wire: bytes, subject: str):
         try:
@@ -270,13 +282,7 @@ def test_the_fast_builder_builds_and_refuses_as_the_checks_do(monkeypatch):
                 cases.append((msgpack.packb({**obj, "data": data}), subject))
     fast = [decoded(wire, subject) for wire, subject in cases]
 
-    class Checks(dict):
-        def get(self, cls, default=None):
-            def leave(data, path):
-                raise schema._FALLBACK
-            return leave
-
-    monkeypatch.setattr(schema, "_FAST", Checks())
+    _checks_alone(monkeypatch)
     checked = [decoded(wire, subject) for wire, subject in cases]
     assert fast == checked
     assert sum(1 for r in fast if r[0] == "ok") >= len(PAYLOADS) and sum(1 for r in fast if r[0] == "refused") > 100
@@ -322,7 +328,6 @@ def test_the_fast_builder_takes_and_leaves_bound_edges_as_the_checks_do(monkeypa
     and gives a payload its fields by position where it may. At values inside, at and past the bounds, of other
     types, and in nested maps and arrays, it must decode to the same event, field for field and in the same order, or
     be refused with the same reason, field, expected and got, as the converters alone give."""
-    from controlplane.events import schema
 
     def decoded(wire: bytes, subject: str):
         try:
@@ -335,13 +340,7 @@ def test_the_fast_builder_takes_and_leaves_bound_edges_as_the_checks_do(monkeypa
     assert len(cases) > 3000
     fast = [decoded(wire, subject) for wire, subject in cases]
 
-    class Checks(dict):
-        def get(self, cls, default=None):
-            def leave(data, path):
-                raise schema._FALLBACK
-            return leave
-
-    monkeypatch.setattr(schema, "_FAST", Checks())
+    _checks_alone(monkeypatch)
     checked = [decoded(wire, subject) for wire, subject in cases]
     for case, got, want in zip(cases, fast, checked):
         assert got == want, case
