@@ -28,7 +28,7 @@ from controlplane.events.workload import PlanSupport
 from modeler.spec import ModelType
 
 from .oracle import Oracle
-from .plans import ALL_FAMILIES, canonical, enumerate_plans, restrict
+from .plans import ALL_FAMILIES, canonical, enumerate_plans, restrict, shape
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,14 @@ class JobKind:
     never enumerated (None: no limit)."""
 
     def plans(self, placement: tuple[int, ...]) -> tuple[Plan, ...]:
-        """The plans of this kind on `placement`, kept per placement in the kind (at most `_PLANS_KEPT`): a search
-        asks for the plans of every trim of the allocations it gathers, the same ones round after round."""
+        """The plans of this kind on `placement`, kept per shape in the kind (`plans.shape`: the GPUs and the largest
+        count dividing every node's, all the plans depend on; at most `_PLANS_KEPT`): a search asks for the plans of
+        every trim of the allocations it gathers, thousands of placements of a few dozen shapes."""
         held = self.__dict__.get("_plans")
         if held is None:
             held = self.__dict__["_plans"] = {}  # not a field: equality and hashing read only the fields
-        plans = held.get(placement)
+        of = shape(placement)
+        plans = held.get(of)
         if plans is None:
             plans = enumerate_plans(self.model, self.global_batch, placement, self.families)
             if self.template is not None:
@@ -60,8 +62,22 @@ class JobKind:
             if self.support is not None:
                 plans = tuple(p for p in plans if self.support.refusal(p) is None)
             if len(held) < _PLANS_KEPT:
-                held[placement] = plans
+                held[of] = plans
         return plans
+
+    def planned_trims(self, place: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        """The trims of canonical `place` (`trims`, in their order) on which this kind has plans, kept per placement
+        (at most `_PLANS_KEPT`): most trims of an allocation have none (their GPUs do not split the batch), and a
+        placement without plans has no best plan to offer (`PlanBook.best_within` passes over them)."""
+        held = self.__dict__.get("_planned")
+        if held is None:
+            held = self.__dict__["_planned"] = {}
+        out = held.get(place)
+        if out is None:
+            out = tuple(t for t in _trims(place) if self.plans(t))
+            if len(held) < _PLANS_KEPT:
+                held[place] = out
+        return out
 
     @cached_property
     def offload(self) -> bool:
@@ -247,7 +263,9 @@ class PlanBook:
 
     def _best_within(self, kind: JobKind, placement: Sequence[int], cpus_per_gpu: int) -> Best:
         top = NONE
-        options = _trims(canonical(placement))  # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already
+        # canonical, as the keys are; `cpus_per_gpu` is `_cpg`'s already. A trim without plans is NONE, which never
+        # beats `top`: left out, it is never filled either
+        options = kind.planned_trims(canonical(placement))
         vkey, known = self._key(kind), self._best
         keys = [(vkey, place, cpus_per_gpu) for place in options]
         missing = [(p, cpus_per_gpu) for p, k in zip(options, keys) if k not in known]

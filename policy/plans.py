@@ -15,14 +15,22 @@ constant and respect:
 Memory feasibility is the oracle's part (`policy.oracle`): an enumerated plan the oracle marks
 infeasible is never chosen. Pure code, cached: the same (model, batch, placement, families) always
 gives the same list in the same order.
+
+A placement enters the plans only through its GPU count and whether TP fits inside its nodes. Ranks fill the
+nodes in order with TP innermost, so a TP group (`tp` ranks in a row, starting at a multiple of `tp`) crosses
+a node exactly where some node boundary is not a multiple of `tp`: TP fits where it divides every node's count,
+that is their greatest common divisor. The plans of a placement are therefore those of its `shape` (GPUs,
+that divisor), and placements of one shape share them (a search trims allocations to thousands of placements
+of a few dozen shapes).
 """
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from controlplane.events import Plan
-from modeler.configs import divisors, layout
+from modeler.configs import divisors
 from modeler.spec import ModelType
 
 DP_FAMILIES = ("dp", "gc", "zero-dp", "zero-offload", "zero-offload+gc")
@@ -65,17 +73,25 @@ def canonical(placement) -> tuple[int, ...]:
 _CANONICAL: dict[tuple, tuple[int, ...]] = {}
 
 
+def shape(placement) -> tuple[int, int]:
+    """(GPUs, the greatest common divisor of the nodes' counts): all a placement's plans depend on (see above)."""
+    if type(placement) is tuple and min(placement, default=1) > 0:  # canonical, as the searches' trims are
+        return sum(placement), math.gcd(*placement)
+    gpus = [int(g) for g in placement if g > 0]
+    return sum(gpus), math.gcd(*gpus)
+
+
 def enumerate_plans(model: ModelType, global_batch: int, placement: tuple[int, ...],
                     families: tuple[str, ...] = ALL_FAMILIES) -> tuple[Plan, ...]:
     """Every plan of `families` for `model` at `global_batch` on `placement`, in a stable order."""
     return _enumerate(model.spec.num_layers, model.spec.num_heads, model.tensor_pipeline,
-                      global_batch, canonical(placement), tuple(families))
+                      global_batch, shape(placement), tuple(families))
 
 
 @lru_cache(maxsize=1 << 16)
 def _enumerate(layers: int, heads: int, tensor_pipeline: bool, global_batch: int,
-               placement: tuple[int, ...], families: tuple[str, ...]) -> tuple[Plan, ...]:
-    total = sum(placement)
+               of: tuple[int, int], families: tuple[str, ...]) -> tuple[Plan, ...]:
+    total, node_gcd = of
     if total < 1:
         return ()
     plans: list[Plan] = []
@@ -93,7 +109,7 @@ def _enumerate(layers: int, heads: int, tensor_pipeline: bool, global_batch: int
                 dp = total // (tp * pp)
                 if global_batch % dp:
                     continue
-                if layout(placement, dp, tp, pp).tp_inter:
+                if node_gcd % tp:  # a TP group would cross nodes
                     continue
                 mb = global_batch // dp if pp > 1 else 1
                 plans.append(Plan(dp=dp, tp=tp, pp=pp, micro_batches=mb))

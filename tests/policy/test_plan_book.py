@@ -13,7 +13,7 @@ from controlplane.events import Plan
 from modeler.service import make_core
 from policy.curves import JobKind, PlanBook, packed, trims
 from policy.oracle import ModelOracle, from_modeler
-from policy.plans import enumerate_plans, restrict
+from policy.plans import _DP_PLANS, DP_FAMILIES, enumerate_plans, restrict, shape
 
 MODELER = make_core()
 DEPENDS = {"llama7"}  # where an offload plan is the best on some placements at some CPU counts only
@@ -166,7 +166,7 @@ def test_the_plans_a_kind_keeps_per_placement_are_those_it_would_enumerate_again
     _, models = from_modeler(MODELER)
     model = models["gpt2"]
     kind = JobKind(model, model.spec.global_batch_size, template=template)
-    places = sorted({t for g in (1, 3, 4, 8, 12, 16, 31) for t in trims(packed(g, 8))} | {(4, 4), (6, 6), (2, 2, 2, 2)})
+    places = sorted({t for g in (1, 3, 4, 8, 12, 16, 31) for t in trims(packed(g, 8))} | {(4, 4), (6, 6), (2, 2, 2, 2), (7, 5), (6, 5, 1)})
     for _ in range(2):
         for place in places:
             plans = enumerate_plans(model, kind.global_batch, place, kind.families)
@@ -174,9 +174,51 @@ def test_the_plans_a_kind_keeps_per_placement_are_those_it_would_enumerate_again
                 plans = restrict(plans, template, scale_dp=True)
             assert kind.plans(place) == plans, place
     assert any(kind.plans(p) for p in places) and any(not kind.plans(p) for p in places)
-    assert kind.__dict__["_plans"].keys() == set(places)
+    assert kind.__dict__["_plans"].keys() == {shape(p) for p in places}  # kept per shape: fewer than the places
+    assert len({shape(p) for p in places}) < len(places)
+    for place in places:
+        assert kind.planned_trims(place) == tuple(t for t in trims(place) if kind.plans(t))
     assert kind == JobKind(model, model.spec.global_batch_size, template=template)  # what it keeps is not a field
     assert hash(kind) == hash(JobKind(model, model.spec.global_batch_size, template=template))
+
+
+def _placements(nodes: int, most: int):
+    """Every canonical placement of 1 to `nodes` nodes of 1 to `most` GPUs each."""
+    out = [()]
+    for _ in range(nodes):
+        out += [p + (g,) for p in out if len(p) < nodes for g in range(1, (p[-1] if p else most) + 1)]
+    return sorted({p for p in out if p})
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama7", "llama30", "bert"])
+def test_plans_depend_on_a_placement_only_through_its_gpus_and_whether_tp_fits_its_nodes(name):
+    """The plans of every placement of up to four nodes of 1-8 GPUs (and of five of 1-4), enumerated by shape (GPUs,
+    the greatest common divisor of the nodes' counts), are the plans the definition gives on that very placement:
+    the DP families where the batch splits over every GPU, then each TP x PP x DP whose TP groups the rank layout
+    (`modeler.configs.layout`, TP innermost) keeps inside the nodes."""
+    from modeler.configs import divisors, layout
+
+    _, models = from_modeler(MODELER)
+    model = models[name]
+    spec, gbs = model.spec, model.spec.global_batch_size
+    places = _placements(4, 8) + _placements(5, 4)
+    with_3d = 0
+    for place in places:
+        total = sum(place)
+        want = [Plan(dp=total, **_DP_PLANS[f]) for f in DP_FAMILIES] if gbs % total == 0 else []
+        if model.tensor_pipeline:
+            for tp in divisors(total):
+                for pp in divisors(total // tp):
+                    dp = total // (tp * pp)
+                    if (tp * pp == 1 or spec.num_heads % tp or spec.num_layers % pp or gbs % dp
+                            or layout(place, dp, tp, pp).tp_inter):
+                        continue
+                    want.append(Plan(dp=dp, tp=tp, pp=pp, micro_batches=gbs // dp if pp > 1 else 1))
+                    with_3d += tp > 1
+        assert enumerate_plans(model, gbs, place) == tuple(want), place
+        assert enumerate_plans(model, gbs, place[::-1] + (0,)) == tuple(want), place  # any order, empty nodes
+    assert len(places) > 500
+    assert with_3d or not model.tensor_pipeline
 
 
 def test_slope_tables_are_the_slopes_worked_out_one_by_one():
