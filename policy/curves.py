@@ -74,7 +74,15 @@ class JobKind:
             held = self.__dict__["_planned"] = {}
         out = held.get(place)
         if out is None:
-            out = tuple(t for t in _trims(place) if self.plans(t))
+            kept = self.__dict__.get("_plans", {})  # shape -> plans (`plans`), read here without the call
+            found = []
+            for t, of in _trim_shapes(place):
+                plans = kept.get(of)
+                if plans is None:
+                    plans = self.plans(t)
+                if plans:
+                    found.append(t)
+            out = tuple(found)
             if len(held) < _PLANS_KEPT:
                 held[place] = out
         return out
@@ -126,6 +134,12 @@ def request_placements(gpus: int, node_gpus: int) -> list[tuple[int, ...]]:
             if p not in out:
                 out.append(p)
     return out
+
+
+@lru_cache(maxsize=1 << 14)
+def _trim_shapes(place: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, int]], ...]:
+    """Each of `_trims(place)` with its `plans.shape` (for any kind: `JobKind.planned_trims`)."""
+    return tuple((t, shape(t)) for t in _trims(place))
 
 
 def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:

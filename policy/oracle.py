@@ -61,19 +61,28 @@ class Oracle(Protocol):
 def _batch(model: ModelType, global_batch: int, items: Sequence[Item], ga_auto: bool) -> ConfigBatch:
     """The configurations as arrays. Enumerated plans are valid by construction, so only plans from
     elsewhere (a job's request) go through the full check."""
+    rows = _rows(model, global_batch, items, ga_auto)
+    if rows is None:
+        return ConfigBatch.from_configs(
+            [Config(plan=q, gpus_per_node=pl, cpus_per_gpu=c, global_batch_size=global_batch, ga_auto=ga_auto)
+             for pl, c, q in items], allow_tp_across_nodes=model.allow_tp_across_nodes)
+    return _stack(rows)
+
+
+def _rows(model: ModelType, global_batch: int, items: Sequence[Item], ga_auto: bool) -> list[tuple] | None:
+    """The rows of `_batch` (`ConfigBatch`'s fields in order), made without the full check; None where an item is not
+    a plan that plainly fills its placement and splits the batch (a plan from elsewhere: the full check says why)."""
     rows = []
     for place, cpg, p in items:
         if not isinstance(p, Plan) or p.dp * p.tp * p.pp != sum(place) or global_batch % (p.dp * p.micro_batches):
-            return ConfigBatch.from_configs(
-                [Config(plan=q, gpus_per_node=pl, cpus_per_gpu=c, global_batch_size=global_batch, ga_auto=ga_auto)
-                 for pl, c, q in items], allow_tp_across_nodes=model.allow_tp_across_nodes)
+            return None
         lay = layout(place, p.dp, p.tp, p.pp)
         if lay.tp_inter and not model.allow_tp_across_nodes:
             raise ConfigError(f"tp={p.tp} does not fit inside the nodes of placement {place}")
         rows.append((p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0 if ga_auto else p.ga_steps,
                      p.micro_batches, global_batch, float(cpg), sum(place), lay.nodes, lay.min_node_gpus,
                      lay.dp_inter, lay.tp_inter, lay.pp_inter))
-    return _stack(rows)
+    return rows
 
 
 def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
@@ -94,6 +103,8 @@ def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
 
 _ANSWERS_KEPT = 1 << 13
 """answers `ModelOracle` keeps per model type for `observe`: past that, they are dropped and kept afresh"""
+_ROWS_KEPT = 1 << 16
+"""rows whose answers `ModelOracle` keeps per model type (`_answers_of`): past that, they are dropped and kept afresh"""
 _RECENT_CALLS = 512
 """`evaluate_many` calls `ModelOracle` holds until `observe` asks (the older ones are dropped unread)"""
 
@@ -138,6 +149,9 @@ class ModelOracle(_MemoryMixin):
     _answers: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
     """model type -> (its version, {(global batch, placement, CPUs per GPU (0 without offload), plan): (seconds
     per iteration, GA steps)}): `evaluate_many`'s answers kept for `observe` (`_kept_answer`)"""
+    _rows_answered: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
+    """model type -> (its version, {a row of `_rows`: (seconds per iteration, GA steps)}, the model they are of):
+    `_answers_of`"""
     _recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT_CALLS), repr=False, compare=False)
     """the last `evaluate_many` calls (type, its version then, global batch, items, times, GA steps), not read into
     `_answers` yet"""
@@ -191,12 +205,37 @@ class ModelOracle(_MemoryMixin):
                       items: Sequence[Item]) -> tuple[np.ndarray, tuple[Plan, ...]]:
         if not items:
             return np.zeros(0), ()
-        batch, ok = self.resolved(model, global_batch, items)
-        params = self.params.get(model.name, PerfParams())
-        times = np.where(ok, t_iter(model, self.env, params, batch), np.inf)
-        self._recent.append((model.name, self.versions.get(model.name, 0), global_batch, tuple(items), times,
-                             batch.ga_steps))
-        return times, _with_ga([p for _, _, p in items], batch.ga_steps)
+        version = self.versions.get(model.name, 0)
+        rows = _rows(model, global_batch, items, True)
+        if rows is None:  # a plan from elsewhere: the full check, which says what is wrong with it
+            batch, ok = self.resolved(model, global_batch, items)
+            params = self.params.get(model.name, PerfParams())
+            times, ga = np.where(ok, t_iter(model, self.env, params, batch), np.inf), batch.ga_steps
+        else:
+            times, ga = self._answers_of(model, version, rows)
+        self._recent.append((model.name, version, global_batch, tuple(items), times, ga))
+        return times, _with_ga([p for _, _, p in items], ga)
+
+    def _answers_of(self, model: ModelType, version: int, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds per iteration, GA steps) of each row, those of rows answered before under the type's version
+        read back (`_rows_answered`), the others worked out in one batch. A row is all a configuration's answer
+        depends on (its placement enters only through the GPUs, nodes, smallest node and which groups cross), and
+        each row is worked out on its own, so an answer read back is the very one a batch would give: many
+        placements have the same rows (the trims a search asks about, thousands of them in a cluster's first round)."""
+        held = self._rows_answered.get(model.name)
+        if (held is None or held[0] != version or (held[2] is not model and held[2] != model)
+                or len(held[1]) >= _ROWS_KEPT):
+            held = self._rows_answered[model.name] = (version, {}, model)
+        known = held[1]
+        new = [r for r in dict.fromkeys(rows) if r not in known]  # each once, in their first order
+        if new:
+            batch, ok = resolve_feasible(model, self.env, _stack(new))
+            times = np.where(ok, t_iter(model, self.env, self.params.get(model.name, PerfParams()), batch), np.inf)
+            for row, t, a in zip(new, times.tolist(), batch.ga_steps.tolist()):
+                known[row] = (t, a)
+        answers = [known[r] for r in rows]
+        return (np.array([t for t, _ in answers], dtype=np.float64),
+                np.array([a for _, a in answers], dtype=np.int64))
 
     def _kept_answer(self, model: ModelType, global_batch: int, place: tuple[int, ...], cpg: int,
                      plan: Plan) -> tuple[np.ndarray, tuple[Plan, ...]] | None:

@@ -279,3 +279,51 @@ def test_observe_reads_the_answer_the_book_was_given_as_a_fresh_evaluation_gives
     oracle.evaluate_many(model, gbs, [((4,), 1, four)])
     oracle.versions["gpt2"] += 1
     assert oracle._kept_answer(model, gbs, (4,), 1, four) is None  # answered before the refit, read in after it
+
+
+def _worked_out(oracle: ModelOracle, model, gbs: int, items) -> tuple[list[float], list]:
+    """`evaluate_many` as it was before answers were kept: the whole batch worked out at once."""
+    from modeler.perf_model import PerfParams, t_iter
+
+    batch, ok = oracle.resolved(model, gbs, items)
+    times = np.where(ok, t_iter(model, oracle.env, oracle.params.get(model.name, PerfParams()), batch), np.inf)
+    return times.tolist(), batch.ga_steps.tolist()
+
+
+def test_answers_read_back_for_the_same_rows_are_those_the_whole_batch_gives_to_the_bit():
+    """`ModelOracle.evaluate_many` reads back the answer of a row (what a configuration's answer depends on) asked
+    before under the type's version. Asked in batches of every size, in any order, with rows repeated across
+    placements and within a batch, every time and GA step is the one working the whole batch out at once gives;
+    after a refit the answers are the new parameters'."""
+    import random
+
+    from controlplane.events import ModelUpdated
+    from modeler.perf_model import PerfParams
+
+    oracle, models = from_modeler(MODELER)
+    rng = random.Random(3)
+    checked = read_back = 0
+    for name in ("gpt2", "llama7", "t5", "bert"):
+        model = models[name]
+        gbs = model.spec.global_batch_size
+        places = sorted({t for g in (7, 12, 20, 33, 64) for t in trims(packed(g, 8))}
+                        | {(6, 6, 6), (4, 4, 4, 4), (7, 5), (6, 5, 1), (5, 5, 5, 3), (8, 2, 2)})
+        items = [(p, c, q) for p in places for q in enumerate_plans(model, gbs, p) for c in (1, 4, 12)]
+        assert len(items) > 100
+        for refit in (False, True):
+            if refit:  # new parameters: answers kept under the old ones are not read back
+                params = {**oracle.params.get(name, PerfParams()).as_dict(), "k_const": 0.25}
+                oracle.update(ModelUpdated(model_type=name, version=1, params=params, n_points=9, rmsle=0.1))
+            rng.shuffle(items)
+            at = 0
+            while at < len(items):
+                size = rng.choice([1, 2, 5, 8, 17, 40])
+                part = items[at:at + size] + rng.sample(items[:at + 1], min(2, at + 1))  # some asked already
+                kept = len(oracle._rows_answered.get(name, (0, {}))[1])
+                times, plans = oracle.evaluate_many(model, gbs, part)
+                want_t, want_ga = _worked_out(oracle, model, gbs, part)
+                assert times.tolist() == want_t and [p.ga_steps for p in plans] == want_ga
+                read_back += kept and len(oracle._rows_answered[name][1]) - kept < len(part)
+                checked += len(part)
+                at += size
+    assert checked > 2_000 and read_back > 100
