@@ -17,8 +17,10 @@ Throughputs are samples per second. Pure code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from itertools import accumulate
 from typing import Sequence
 
 import numpy as np
@@ -138,8 +140,14 @@ def request_placements(gpus: int, node_gpus: int) -> list[tuple[int, ...]]:
 
 @lru_cache(maxsize=1 << 14)
 def _trim_shapes(place: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, int]], ...]:
-    """Each of `_trims(place)` with its `plans.shape` (for any kind: `JobKind.planned_trims`)."""
-    return tuple((t, shape(t)) for t in _trims(place))
+    """Each of `_trims(place)` with its `plans.shape` (for any kind: `JobKind.planned_trims`): GPUs one fewer at each,
+    and the greatest common divisor of the last node's count and those of the nodes before it."""
+    before = [0, *accumulate(place, math.gcd)]  # before[k]: the gcd of the first k nodes (0 for none)
+    total = sum(place)
+    out = []
+    for i, t in enumerate(_trims(place)):
+        out.append((t, (total - i, math.gcd(before[len(t) - 1], t[-1]))))
+    return tuple(out)
 
 
 def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -201,7 +201,7 @@ class _NodeIndex:
             order.tail, order.tidx = self._shrinkable(order.end, order.seen())
         tail, tidx = order.tail, order.tidx
         short = len(tail) <= _SKIP_FROM
-        n, j, k = len(tidx), 0, 0
+        n, j = len(tidx), 0
         cand = seen_at = None
         lows: dict[bool, tuple[np.ndarray | None, np.ndarray | None, np.ndarray]] = {}
         """held left out or not -> (the tail's lowest keys of a priority below the job's, of its priority: both None
@@ -213,9 +213,7 @@ class _NodeIndex:
                 j, seen_at = j + 1, None
                 continue
             state = (limit, len(victims), unheld)
-            if state == seen_at:  # the positions to visit are as they were: the next one is the next listed
-                k += 1
-            else:
+            if state != seen_at:  # else the positions to visit are as they were
                 low = lows.get(unheld)
                 if low is None:
                     low_p, low_s = ((self._un_p[tidx], self._un_s[tidx]) if unheld
@@ -236,11 +234,12 @@ class _NodeIndex:
                     inside = pos < n
                     pos, at = pos[inside], at[inside]
                     mask[pos[tidx[pos] == at]] = True
-                cand, seen_at = np.flatnonzero(mask).tolist(), state
-                k = bisect.bisect_left(cand, j)
-            if k >= len(cand):
+                cand, seen_at = mask, state
+            # the next position to visit: the first of `cand` at or after `j` (argmax of booleans stops at the first
+            # true one; 0 where there is none, told apart by reading it)
+            j += int(cand[j:].argmax())
+            if not cand[j]:
                 return
-            j = cand[k]
             yield tail[j]
             j += 1
 

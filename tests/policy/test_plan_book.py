@@ -221,6 +221,15 @@ def test_plans_depend_on_a_placement_only_through_its_gpus_and_whether_tp_fits_i
     assert with_3d or not model.tensor_pipeline
 
 
+def test_the_shapes_of_a_placements_trims_are_worked_out_as_each_trims_own():
+    from policy.curves import _trim_shapes
+
+    places = _placements(4, 8) + _placements(6, 3)
+    for place in places:
+        assert _trim_shapes(place) == tuple((t, shape(t)) for t in trims(place)), place
+    assert len(places) > 400
+
+
 def test_slope_tables_are_the_slopes_worked_out_one_by_one():
     """`up_table` and `down_table` work a whole curve out in one pass; each entry must be the very float `slope_up` or
     `slope_down` gives at that count (the job's slopes and the index's keys are compared exactly), for running
