@@ -103,8 +103,9 @@ def _with_ga(plans: Sequence[Plan], ga: np.ndarray) -> tuple[Plan, ...]:
 
 _ANSWERS_KEPT = 1 << 13
 """answers `ModelOracle` keeps per model type for `observe`: past that, they are dropped and kept afresh"""
-_ROWS_KEPT = 1 << 16
-"""rows whose answers `ModelOracle` keeps per model type (`_answers_of`): past that, they are dropped and kept afresh"""
+_ROWS_KEPT = 1 << 15
+"""rows whose answers `ModelOracle` keeps per model type (`_answers_of`; a cluster's first round at 8,192 GPUs asks
+about 6,300 over its seven types): past that, they are dropped and kept afresh"""
 _RECENT_CALLS = 512
 """`evaluate_many` calls `ModelOracle` holds until `observe` asks (the older ones are dropped unread)"""
 
@@ -149,7 +150,7 @@ class ModelOracle(_MemoryMixin):
     _answers: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
     """model type -> (its version, {(global batch, placement, CPUs per GPU (0 without offload), plan): (seconds
     per iteration, GA steps)}): `evaluate_many`'s answers kept for `observe` (`_kept_answer`)"""
-    _rows_answered: dict[str, tuple[int, dict]] = field(default_factory=dict, repr=False, compare=False)
+    _rows_answered: dict[str, tuple[int, dict, ModelType]] = field(default_factory=dict, repr=False, compare=False)
     """model type -> (its version, {a row of `_rows`: (seconds per iteration, GA steps)}, the model they are of):
     `_answers_of`"""
     _recent: deque = field(default_factory=lambda: deque(maxlen=_RECENT_CALLS), repr=False, compare=False)
