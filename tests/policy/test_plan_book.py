@@ -166,7 +166,8 @@ def test_the_plans_a_kind_keeps_per_placement_are_those_it_would_enumerate_again
     _, models = from_modeler(MODELER)
     model = models["gpt2"]
     kind = JobKind(model, model.spec.global_batch_size, template=template)
-    places = sorted({t for g in (1, 3, 4, 8, 12, 16, 31) for t in trims(packed(g, 8))} | {(4, 4), (6, 6), (2, 2, 2, 2), (7, 5), (6, 5, 1)})
+    places = sorted({t for g in (1, 3, 4, 8, 12, 16, 31) for t in trims(packed(g, 8))}
+                    | {(4, 4), (6, 6), (2, 2, 2, 2), (7, 5), (6, 5, 1)})  # the last two: one shape
     for _ in range(2):
         for place in places:
             plans = enumerate_plans(model, kind.global_batch, place, kind.families)
@@ -222,6 +223,8 @@ def test_plans_depend_on_a_placement_only_through_its_gpus_and_whether_tp_fits_i
 
 
 def test_the_shapes_of_a_placements_trims_are_worked_out_as_each_trims_own():
+    """`curves._trim_shapes` works the trims' shapes out in one pass (GPUs one fewer at each, the running gcd of the
+    nodes): each is the shape of that trim worked out alone, in the trims' order."""
     from policy.curves import _trim_shapes
 
     places = _placements(4, 8) + _placements(6, 3)
