@@ -210,12 +210,15 @@ class ModelOracle(_MemoryMixin):
         rows = _rows(model, global_batch, items, True)
         if rows is None:  # a plan from elsewhere: the full check, which says what is wrong with it
             batch, ok = self.resolved(model, global_batch, items)
-            params = self.params.get(model.name, PerfParams())
-            times, ga = np.where(ok, t_iter(model, self.env, params, batch), np.inf), batch.ga_steps
+            times, ga = self._times(model, batch, ok), batch.ga_steps
         else:
             times, ga = self._answers_of(model, version, rows)
         self._recent.append((model.name, version, global_batch, tuple(items), times, ga))
         return times, _with_ga([p for _, _, p in items], ga)
+
+    def _times(self, model: ModelType, batch: ConfigBatch, ok: np.ndarray) -> np.ndarray:
+        """Seconds per iteration of a resolved batch under the type's parameters; `inf` where `ok` is false."""
+        return np.where(ok, t_iter(model, self.env, self.params.get(model.name, PerfParams()), batch), np.inf)
 
     def _answers_of(self, model: ModelType, version: int, rows: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
         """(seconds per iteration, GA steps) of each row, those of rows answered before under the type's version
@@ -231,7 +234,7 @@ class ModelOracle(_MemoryMixin):
         new = [r for r in dict.fromkeys(rows) if r not in known]  # each once, in their first order
         if new:
             batch, ok = resolve_feasible(model, self.env, _stack(new))
-            times = np.where(ok, t_iter(model, self.env, self.params.get(model.name, PerfParams()), batch), np.inf)
+            times = self._times(model, batch, ok)
             for row, t, a in zip(new, times.tolist(), batch.ga_steps.tolist()):
                 known[row] = (t, a)
         answers = [known[r] for r in rows]
