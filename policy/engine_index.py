@@ -648,14 +648,24 @@ class _NodeIndex:
         return True
 
     def _keeps_guarantee(self, v: _Job, node: str) -> bool:
-        """Whether a guaranteed job still meets its guarantee with one GPU less on `node`."""
-        place = tuple(g - (1 if n == node else 0) for n, g in v.g_on.items())
-        key = (v.id, place, self._cpg_of(v))
+        """Whether a guaranteed job still meets its guarantee with one GPU less on `node`.
+
+        Whether its plan there meets it (`_guarded`, `_meets`) depends on the job only through its kind, reference
+        and request (none, or the request's placement and speed: a guarded plan that is the request meets it), and
+        on the placement only through its canonical form and the CPUs per GPU as they matter (`PlanBook._cpg`): it
+        is kept for the round under those (`_guarantee_memo`), shared by every job they are the same for (the jobs of
+        one kind and request shrunk one GPU at a time in a cluster's first round ask the same few thousand times).
+        Whether the job then ends in time is its own (`_in_time`)."""
+        place = canonical(tuple([g - 1 if n == node else g for n, g in v.g_on.items()]))
+        kind, book, req = v.inp.kind, self.book, v.request
+        cpg = book._cpg(kind, self._cpg_of(v))
+        key = (book._key(kind), place, cpg, v.ref) if req is None else \
+            (book._key(kind), place, cpg, v.ref, req.placement, req.throughput)
         hit = self._guarantee_memo.get(key)
         if hit is None:
-            best = self._guarded(v, self.book.best_within(v.inp.kind, place, key[2]), place)
-            hit = self._guarantee_memo[key] = self._meets(v, best) and self._in_time(v, best.throughput)
-        return hit
+            best = self._guarded(v, book.best_within(kind, place, cpg), place)
+            hit = self._guarantee_memo[key] = (self._meets(v, best), best.throughput)
+        return hit[0] and self._in_time(v, hit[1])
 
     def _room_to_give_back(self, job: _Job, want: int | None = None) -> bool:
         """Whether a guarantee may take GPUs beyond its minimum: only when the speed they give puts

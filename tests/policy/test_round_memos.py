@@ -288,6 +288,34 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert with_memos == without
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_the_same(monkeypatch, seed):
+    """`_keeps_guarantee` keeps its answers for the round under what they depend on, shared by the jobs they are the
+    same for: every answer, read back or worked out, is the one a memo of its own gives, and answers worked out for
+    one job are read back for others."""
+    real = engine_mod.RubickEngine._keeps_guarantee
+    seen = {"asked": 0, "shared": 0}
+    owner: dict = {}
+
+    def checked(self, v, node):
+        memo = self._guarantee_memo
+        self._guarantee_memo = {}
+        alone = real(self, v, node)  # nothing read back: worked out for this job alone
+        (key, _), = self._guarantee_memo.items()
+        self._guarantee_memo = memo
+        seen["asked"] += 1
+        seen["shared"] += key in memo and owner.get(key) not in (None, v.id)
+        if key not in memo:
+            owner[key] = v.id
+        answer = real(self, v, node)
+        assert answer == alone, (v.id, node)
+        return answer
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_keeps_guarantee", checked)
+    drive(seed, jobs=120, steps=20)
+    assert seen["asked"] > 100 and seen["shared"] > 0
+
+
 @pytest.mark.parametrize("seed", [1, 3])
 def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
     """After every kept attempt of the queue, what the memo still holds of each node is what reading the node
