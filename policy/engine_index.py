@@ -31,11 +31,12 @@ class _IndexBase:
     """The slope index as a round began (`_NodeIndex._index_all`), kept for the next round to patch: its own lists, never
     the ones a round writes. `nidx` is the layout's node -> index its arrays are by; `held` the ids listed as held."""
 
-    __slots__ = ("by_down", "dkey", "dnodes", "held", "lo_p", "lo_s", "nidx", "node_keys", "un_p", "un_s", "unheld_keys")
+    __slots__ = ("by_down", "dkey", "dnodes", "held", "lo_o", "lo_p", "lo_s", "nidx", "node_keys", "un_p", "un_s",
+                 "unheld_keys")
 
-    def __init__(self, nidx: dict[str, int], lo_p: np.ndarray, lo_s: np.ndarray, un_p: np.ndarray,
+    def __init__(self, nidx: dict[str, int], lo_p: np.ndarray, lo_s: np.ndarray, lo_o: np.ndarray, un_p: np.ndarray,
                  un_s: np.ndarray) -> None:
-        self.nidx, self.lo_p, self.lo_s, self.un_p, self.un_s = nidx, lo_p, lo_s, un_p, un_s
+        self.nidx, self.lo_p, self.lo_s, self.lo_o, self.un_p, self.un_s = nidx, lo_p, lo_s, lo_o, un_p, un_s
         self.by_down: list[tuple] = []
         self.dkey: dict[str, tuple] = {}
         self.dnodes: dict[str, tuple[str, ...]] = {}
@@ -172,11 +173,14 @@ class _NodeIndex:
     def _shrinkable_listed(self, end: int, seen: set[str]) -> tuple[list[str], np.ndarray]:
         """`_shrinkable` for a long prefix, from the lowest keys listed under the nodes."""
         nidx = self._nidx
-        bound, node_keys, p, s = self.by_down[end - 1], self._node_keys, self._lo_p, self._lo_s
-        bp, bs = bound[0], bound[1]
-        within = (p < bp) | ((p == bp) & (s < bs))
-        for i in np.flatnonzero((p == bp) & ~(s < bs) & ~(s > bs)).tolist():  # a tie, or a slope not a number
-            within[i] = node_keys[self._by_name[i]][0] <= bound
+        bound, node_keys, p, s, o = self.by_down[end - 1], self._node_keys, self._lo_p, self._lo_s, self._lo_o
+        bp, bs, bo = bound[0], bound[1], bound[2]
+        same_p = p == bp
+        within = (p < bp) | (same_p & (s < bs))
+        tie = same_p & (s == bs)  # the priority and slope of the bound's: the submission order tells, but a tie of it
+        within |= tie & (o < bo)
+        for i in np.flatnonzero((tie & (o == bo)) | (same_p & ~(s < bs) & ~(s > bs) & ~tie)).tolist():
+            within[i] = node_keys[self._by_name[i]][0] <= bound  # a tie of the order too, or a slope not a number
         if seen:
             within[np.fromiter(map(nidx.__getitem__, seen), np.intp, len(seen))] = False
         idx = np.flatnonzero(within)
@@ -338,7 +342,8 @@ class _NodeIndex:
         self.by_down, self._dkey, self._dnodes = base.by_down[:], dict(base.dkey), dict(base.dnodes)
         self._node_keys, self._unheld_keys = defaultdict(list, base.node_keys), dict(base.unheld_keys)
         self._own_keys, self._own_unheld = set(), set()
-        self._lo_p, self._lo_s, self._un_p, self._un_s = base.lo_p.copy(), base.lo_s.copy(), base.un_p.copy(), base.un_s.copy()
+        self._lo_p, self._lo_s, self._lo_o = base.lo_p.copy(), base.lo_s.copy(), base.lo_o.copy()
+        self._un_p, self._un_s = base.un_p.copy(), base.un_s.copy()
 
     @staticmethod
     def _writable(lists: dict[str, list[tuple]], own: set[str], node: str) -> list[tuple]:
@@ -354,8 +359,8 @@ class _NodeIndex:
 
     def _base_of(self, gathered: list[tuple[_Job, tuple]]) -> _IndexBase:
         """The index of the jobs `gathered` (job, key), made whole: the keys, then each list sorted once."""
-        held, base = self.held, _IndexBase(self._nidx, self._lo_p.copy(), self._lo_s.copy(), self._un_p.copy(),
-                                           self._un_s.copy())
+        held, base = self.held, _IndexBase(self._nidx, self._lo_p.copy(), self._lo_s.copy(), self._lo_o.copy(),
+                                           self._un_p.copy(), self._un_s.copy())
         node_keys, unheld_keys, dkey, dnodes, held_ids = (base.node_keys, base.unheld_keys, base.dkey, base.dnodes,
                                                           base.held)
         keys, listed = [], set()
@@ -374,11 +379,11 @@ class _NodeIndex:
                     unheld_keys.setdefault(n, []).append(key)
         keys.sort()
         base.by_down = keys
-        nidx, lo_p, lo_s, un_p, un_s = self._nidx, base.lo_p, base.lo_s, base.un_p, base.un_s
+        nidx, lo_p, lo_s, lo_o, un_p, un_s = self._nidx, base.lo_p, base.lo_s, base.lo_o, base.un_p, base.un_s
         for n in listed:
             i, ks = nidx[n], node_keys[n]
             ks.sort()
-            lo_p[i], lo_s[i] = ks[0][0], ks[0][1]
+            lo_p[i], lo_s[i], lo_o[i] = ks[0][0], ks[0][1], ks[0][2]
             ks = unheld_keys.get(n)
             if ks:
                 ks.sort()
@@ -436,10 +441,11 @@ class _NodeIndex:
                 insort(node_keys[n], key)
                 if not is_held:
                     insort(unheld_keys.setdefault(n, []), key)
-        nidx, lo_p, lo_s, un_p, un_s, inf = self._nidx, base.lo_p, base.lo_s, base.un_p, base.un_s, math.inf
+        nidx, lo_p, lo_s, lo_o, un_p, un_s, inf = (self._nidx, base.lo_p, base.lo_s, base.lo_o, base.un_p, base.un_s,
+                                                   math.inf)
         for n in nodes_changed:
             i, ks = nidx[n], node_keys.get(n)
-            lo_p[i], lo_s[i] = (ks[0][0], ks[0][1]) if ks else (inf, inf)
+            lo_p[i], lo_s[i], lo_o[i] = (ks[0][0], ks[0][1], ks[0][2]) if ks else (inf, inf, inf)
             ks = unheld_keys.get(n)
             un_p[i], un_s[i] = (ks[0][0], ks[0][1]) if ks else (inf, inf)
         return True
@@ -462,7 +468,7 @@ class _NodeIndex:
             del self._dkey[job.id]
             del self.by_down[bisect.bisect_left(self.by_down, old)]
             for node in self._dnodes.pop(job.id):
-                self._unlist(writable(node_keys, own, node), old, node, self._lo_p, self._lo_s)
+                self._unlist(writable(node_keys, own, node), old, node, self._lo_p, self._lo_s, self._lo_o)
                 if unheld is not None:
                     self._unlist(writable(unheld, own_unheld, node), old, node, self._un_p, self._un_s)
         if key is not None:
@@ -470,27 +476,40 @@ class _NodeIndex:
             self._dkey[job.id] = key
             nodes = self._dnodes[job.id] = tuple(job.g_on)
             for node in nodes:
-                self._enlist(writable(node_keys, own, node), key, node, self._lo_p, self._lo_s)
+                self._enlist(writable(node_keys, own, node), key, node, self._lo_p, self._lo_s, self._lo_o)
                 if unheld is not None:
                     self._enlist(writable(unheld, own_unheld, node), key, node, self._un_p, self._un_s)
 
-    def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray) -> None:
-        """Put `key` in a node's sorted `keys`, and the node's lowest in `p` and `s` where it becomes the lowest."""
+    def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray,
+                o: np.ndarray | None = None) -> None:
+        """Put `key` in a node's sorted `keys`, and the node's lowest in `p`, `s` (and `o`) where it becomes the
+        lowest."""
         at = bisect.bisect_left(keys, key)
         keys.insert(at, key)
         if not at:
-            self._low_changed(node, keys, p, s)
+            self._low_changed(node, keys, p, s, o)
 
-    def _unlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray) -> None:
-        """Take `key` out of a node's sorted `keys`, and the node's lowest in `p` and `s` where it was the lowest."""
+    def _unlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray,
+                o: np.ndarray | None = None) -> None:
+        """Take `key` out of a node's sorted `keys`, and the node's lowest in `p`, `s` (and `o`) where it was the
+        lowest."""
         at = bisect.bisect_left(keys, key)
         del keys[at]
         if not at:
-            self._low_changed(node, keys, p, s)
+            self._low_changed(node, keys, p, s, o)
 
-    def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray) -> None:
+    def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray,
+                     o: np.ndarray | None) -> None:
         i = self._nidx[node]
-        p[i], s[i] = (keys[0][0], keys[0][1]) if keys else (math.inf, math.inf)
+        if keys:
+            low = keys[0]
+            p[i], s[i] = low[0], low[1]
+            if o is not None:
+                o[i] = low[2]
+        else:
+            p[i] = s[i] = math.inf
+            if o is not None:
+                o[i] = math.inf
 
     @property
     def lowest(self) -> tuple[float, float]:

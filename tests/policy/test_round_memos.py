@@ -361,7 +361,7 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
         held = sorted(set().union(*(jobs[k[3]].g_on for k in self.by_down[:end])) - mine)
         for node, i in self._nidx.items():
             keys = self._node_keys[node]
-            assert (self._lo_p[i], self._lo_s[i]) == ((keys[0][0], keys[0][1]) if keys else (math.inf, math.inf))
+            assert (self._lo_p[i], self._lo_s[i], self._lo_o[i]) == (keys[0][:3] if keys else (math.inf,) * 3)
             unheld = [k for k in keys if k[3] not in self.held]
             assert self._unheld_keys.get(node, []) == unheld
             assert (self._un_p[i], self._un_s[i]) == ((unheld[0][0], unheld[0][1]) if unheld else (math.inf, math.inf))
@@ -595,7 +595,7 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
     def snapshot(base):
         return (base.by_down[:], dict(base.dkey), dict(base.dnodes), {n: ks[:] for n, ks in base.node_keys.items()},
                 {n: ks[:] for n, ks in base.unheld_keys.items()}, set(base.held),
-                [a.copy() for a in (base.lo_p, base.lo_s, base.un_p, base.un_s)])
+                [a.copy() for a in (base.lo_p, base.lo_s, base.lo_o, base.un_p, base.un_s)])
 
     def checked(self):
         before = getattr(self, "_index_base", None)
@@ -615,15 +615,15 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
         seen["rounds"] += 1
         seen["patched"] += base is before
         inf = np.full(len(self._nidx), math.inf)
-        fresh_arrays = (self._lo_p, self._lo_s, self._un_p, self._un_s)
-        self._lo_p, self._lo_s, self._un_p, self._un_s = inf.copy(), inf.copy(), inf.copy(), inf.copy()
+        fresh_arrays = (self._lo_p, self._lo_s, self._lo_o, self._un_p, self._un_s)
+        self._lo_p, self._lo_s, self._lo_o, self._un_p, self._un_s = (inf.copy() for _ in range(5))
         fresh = self._base_of([(j, j.index_key) for j in listed_now if j.index_key is not None])
-        self._lo_p, self._lo_s, self._un_p, self._un_s = fresh_arrays
+        self._lo_p, self._lo_s, self._lo_o, self._un_p, self._un_s = fresh_arrays
         assert self.by_down == fresh.by_down and self.by_down is not base.by_down
         assert self._dkey == fresh.dkey and self._dnodes == fresh.dnodes
         assert {n: ks for n, ks in self._node_keys.items() if ks} == fresh.node_keys
         assert {n: ks for n, ks in self._unheld_keys.items() if ks} == {n: ks for n, ks in fresh.unheld_keys.items() if ks}
-        for mine, made in zip(fresh_arrays, (fresh.lo_p, fresh.lo_s, fresh.un_p, fresh.un_s)):
+        for mine, made in zip(fresh_arrays, (fresh.lo_p, fresh.lo_s, fresh.lo_o, fresh.un_p, fresh.un_s)):
             assert np.array_equal(mine, made)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_index_all", checked)
@@ -1484,6 +1484,7 @@ def test_the_index_as_each_attempt_of_the_queue_begins_is_the_one_made_afresh(mo
                 assert self._unheld_keys.get(node, []) == unheld
                 for p, s, ks in ((self._lo_p, self._lo_s, listed), (self._un_p, self._un_s, unheld)):
                     assert (p[i], s[i]) == ((ks[0][0], ks[0][1]) if ks else (math.inf, math.inf))
+                assert self._lo_o[i] == (listed[0][2] if listed else math.inf)
             counts["checked"] += 1
             counts["listed"] += len(keys)
         return real(self, job, jr, only)
