@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Sequence
 
 import numpy as np
@@ -115,6 +115,12 @@ class Best:
 NONE = Best(0.0, None, ())
 _MISSING = object()
 _PLANS_KEPT = 1 << 14
+_KIND_KEYS: dict[tuple, int] = {}
+"""a kind's `cache_key` and model version -> the number standing for them in a plan book's keys (`PlanBook._key`). The
+whole key held a tuple of seven parts, hashed again at every look-up of the book's tables (tens of thousands in a
+cluster's first round); a number hashes at once. Equal keys share their number, which is never given to another."""
+_KIND_KEYS_KEPT = 1 << 16
+_KIND_NUMBERS = count()
 """placements whose plans a kind keeps (`JobKind.plans`)"""
 
 
@@ -182,11 +188,18 @@ class PlanBook:
     _within: dict = field(default_factory=dict)
     evaluations: int = 0
 
-    def _key(self, kind: JobKind) -> tuple:
+    def _key(self, kind: JobKind) -> int:
+        """The number standing for `kind` at its model's version in the book's keys (`_KIND_KEYS`)."""
         version = self.oracle.version(kind.cache_key[0])  # the model's name (a property: slower to read)
-        held = kind.__dict__.get("_versioned")  # (version, key): built once per kind and version
+        held = kind.__dict__.get("_versioned")  # (version, number): found once per kind and version
         if held is None or held[0] != version:
-            held = (version, kind.cache_key + (version,))
+            full = kind.cache_key + (version,)
+            number = _KIND_KEYS.get(full)
+            if number is None:
+                if len(_KIND_KEYS) >= _KIND_KEYS_KEPT:
+                    _KIND_KEYS.clear()  # a kind seen again then takes a new number: never one given before
+                number = _KIND_KEYS[full] = next(_KIND_NUMBERS)
+            held = (version, number)
             kind.__dict__["_versioned"] = held
         return held[1]
 

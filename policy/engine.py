@@ -198,7 +198,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         """sleepers tried this round (`_wake`)"""
         self._awake: list[_Job] = []
         """this round's jobs but the sleepers, by priority (highest first), then submission order"""
-        self._versions: dict[int, tuple] = {}
+        self._versions: dict[int, int] = {}
         """id of a kind -> its memo key (`PlanBook._key`), for this round (`_version`)"""
         fell_asleep: list[_Job] = []
         to_make = []
@@ -383,7 +383,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             self._tables(job)
         return job
 
-    def _fall_asleep(self, job: _Job, kind: JobKind, version: tuple) -> None:
+    def _fall_asleep(self, job: _Job, kind: JobKind, version: int) -> None:
         """Keep a record asleep this round (`_sleeping`), listed under its kind at its model's version, and among
         those whose outcome is made again while its last one is not the plain one."""
         job.sleeping = True
@@ -517,7 +517,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                 sum(n.gpus for n in nodes))
         return held
 
-    def _version(self, kind: JobKind) -> tuple:
+    def _version(self, kind: JobKind) -> int:
         """The kind's memo key at its model's version (`PlanBook._key`): the same object until a refit, which comes
         only between rounds, so it is asked of the book once per kind a round (the round's jobs keep their kinds
         alive, and with them the ids it is kept by)."""

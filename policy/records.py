@@ -154,7 +154,7 @@ class _Job:
     answered: int = -1
     """the round in which it was last tried while asleep and answered from the round's failed attempts with the
     reason its last outcome gives (`RubickEngine._wake`): that outcome is not made again"""
-    version: tuple | None = None
+    version: int | None = None
     """its kind's memo key this round (`PlanBook._key`): the same object until its model is refitted"""
     placed_memo: tuple | None = None
     """(GPUs per node, CPUs per GPU, `version`, best plan) of the last placement `_place_current` read: a running

@@ -339,3 +339,33 @@ def test_answers_read_back_for_the_same_rows_are_those_the_whole_batch_gives_to_
                 checked += len(part)
                 at += size
     assert checked > 2_000 and read_back > 100
+
+
+def test_a_kinds_number_in_the_books_keys_is_shared_by_equal_kinds_and_never_given_again(monkeypatch):
+    """`PlanBook._key`: kinds equal in every field (at the same model version) share a number, so their best plans
+    are found once; another kind, or the same one after a refit, takes a number no key had before, even once the
+    registry was emptied (a number read back for other plans would answer for the wrong ones)."""
+    from controlplane.events import ModelUpdated
+    from policy import curves
+
+    oracle, models = from_modeler(MODELER)
+    book = PlanBook(oracle)
+    a, b = (JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size) for _ in range(2))
+    other = JobKind(models["gpt2"], 2 * models["gpt2"].spec.global_batch_size)
+    assert a is not b and a == b
+    ka, kb, ko = book._key(a), book._key(b), book._key(other)
+    assert ka == kb and ko != ka and book._key(a) is ka
+    book.best(a, (4,), 1)
+    asked = book.evaluations
+    assert asked > 0
+    assert book.best(b, (4,), 1) is book.best(a, (4,), 1)  # the same kind: read back, not asked
+    assert book.evaluations == asked
+    params = dict(MODELER.types["gpt2"].params.as_dict())
+    oracle.update(ModelUpdated(model_type="gpt2", version=2, params=params, n_points=12, rmsle=0.05))
+    refit = book._key(a)
+    assert refit not in (ka, ko) and book._key(b) == refit
+    given = {ka, ko, refit}
+    monkeypatch.setattr(curves, "_KIND_KEYS", {})  # emptied: every kind takes a new number
+    monkeypatch.setattr(curves, "_KIND_KEYS_KEPT", 1)
+    fresh = [book._key(JobKind(models[name], models[name].spec.global_batch_size)) for name in ("bert", "vit", "t5")]
+    assert len(set(fresh)) == 3 and not given & set(fresh)
