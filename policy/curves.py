@@ -115,13 +115,14 @@ class Best:
 NONE = Best(0.0, None, ())
 _MISSING = object()
 _PLANS_KEPT = 1 << 14
+"""placements whose plans a kind keeps (`JobKind.plans`)"""
 _KIND_KEYS: dict[tuple, int] = {}
 """a kind's `cache_key` and model version -> the number standing for them in a plan book's keys (`PlanBook._key`). The
 whole key held a tuple of seven parts, hashed again at every look-up of the book's tables (tens of thousands in a
 cluster's first round); a number hashes at once. Equal keys share their number, which is never given to another."""
 _KIND_KEYS_KEPT = 1 << 16
+"""keys `_KIND_KEYS` holds: past that it is emptied, and the kinds seen again take new numbers"""
 _KIND_NUMBERS = count()
-"""placements whose plans a kind keeps (`JobKind.plans`)"""
 
 
 def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:

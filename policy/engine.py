@@ -128,8 +128,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         layout = self._layout(nodes)
         self.nodes, self.order, self._by_name, self._nidx, self._names = layout[1:6]
         self._lo_p, self._lo_s, self._lo_o = layout[6].copy(), layout[6].copy(), layout[6].copy()
-        """by `_by_name`: the priority, slope and submission order (negated, as keys hold it) of the lowest key listed
-        under each node in `_node_keys` (infinite where none); `_reindex` keeps them"""
+        """by `_by_name`: the priority, slope and submission order (negated, as keys hold it; exact as a float while
+        under 2**53) of the lowest key listed under each node in `_node_keys` (infinite where none); `_reindex` keeps
+        them"""
         self._un_p, self._un_s = layout[6].copy(), layout[6].copy()
         """the same for the keys of the jobs not held (`_unheld_keys`)"""
         last_round = getattr(self, "jobs", {})
