@@ -25,15 +25,20 @@ class _Search:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
             self._free_changed((node,))
         else:
-            left = src.g_on[node] - gpus
+            had, c = src.g_on[node], src.c_on.get(node, 0)
+            left = had - gpus
             jr.set(src.g_on, node, left if left > 0 else None)
             jr.attr(src, "g", src.g - gpus)
-            keep_c = min(src.c_on.get(node, 0), left * max(1, src.c_on.get(node, 0) // max(1, src.g_on.get(node, 1) + gpus)))
-            if left <= 0:
+            if left > 0:  # it keeps its CPUs per GPU on what it keeps there (at least one a GPU), at most what it had
+                per = c // had
+                keep_c = left * per if per > 1 else left
+                if keep_c > c:
+                    keep_c = c
+                jr.set(src.c_on, node, keep_c)
+            else:
                 keep_c = 0
-            freed = src.c_on.get(node, 0) - keep_c
-            jr.set(src.c_on, node, keep_c if left > 0 else None)
-            jr.set(self.free_c, node, self.free_c[node] + freed)
+                jr.set(src.c_on, node, None)
+            jr.set(self.free_c, node, self.free_c[node] + c - keep_c)
             if left <= 0:
                 jr.set(self.on_node, node, self.on_node[node] - {src.id})
                 if node in src.mem_on:  # off the node: its memory there is free again
