@@ -563,21 +563,21 @@ class _NodeIndex:
                 if held is not None and (held[0] < prio or (held[0] == prio and held[1] + EPS < limit)):
                     self.held_back = self._skipped_held = True
                 return None
-        best, best_key = None, None
+        best, best_key, me = None, None, job.id
         for e in entries:
-            vid, vp, down, key = e[0], e[1], e[2], e[3]
-            if vid == job.id:
+            vid, vp, down, key, v, ok, held = e
+            if vid == me:
                 continue
             if finite and (vp > prio or (vp == prio and down + EPS >= limit)):
                 continue
             if best_key is not None and key >= best_key:
                 continue
-            if not self._gives(e, node):
+            if not (ok if ok is not None else self._gives(e, node)):
                 continue
-            if e[6] and job.g >= job.min_g:
+            if held and job.g >= job.min_g:
                 self.held_back = self._skipped_held = True
                 continue  # changed a moment ago: only a guarantee under its minimum takes from it
-            best, best_key = e[4], key
+            best, best_key = v, key
         return best
 
     def _shrunk(self, live: dict[str, list], v: _Job, node: str) -> None:
