@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
-from .records import EPS, _Job, _Journal, _Order
+from .records import _MISSING, EPS, _Job, _Journal, _Order
 
 _UNSET = object()
 """a shape not worked out (`_Search._settle_entry`)"""
@@ -19,16 +19,27 @@ class _Search:
     """Part of `RubickEngine`: one job's attempt (ScheduleJob) and the restart rule."""
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
+        """`gpus` GPUs on `node` to `dst`, free ones (`src` None) or `src`'s, written in `jr`. The journal's `set` and
+        `attr` of the two jobs' GPUs are written out here (the same entries, in the same order): a cluster's first
+        round at 8,192 GPUs makes 30,096 moves."""
         if self._room_of is not None:
             self._room_stale.add(node)
+        ops = jr.ops
         if src is None:
             jr.set(self.free_g, node, self.free_g[node] - gpus)
             self._free_changed((node,))
         else:
-            had, c = src.g_on[node], src.c_on.get(node, 0)
+            g_on = src.g_on
+            had, c = g_on[node], src.c_on.get(node, 0)
             left = had - gpus
-            jr.set(src.g_on, node, left if left > 0 else None)
-            jr.attr(src, "g", src.g - gpus)
+            ops.append((g_on, node, had))  # jr.set(g_on, node, left if left > 0 else None)
+            if left > 0:
+                g_on[node] = left
+            else:
+                del g_on[node]
+            ops.append((src, "g", src.g))  # jr.attr(src, "g", src.g - gpus)
+            src.g -= gpus
+            src.touched = True
             if left > 0:  # it keeps its CPUs per GPU on what it keeps there (at least one a GPU), at most what it had
                 per = c // had
                 keep_c = left * per if per > 1 else left
@@ -44,8 +55,13 @@ class _Search:
                 if node in src.mem_on:  # off the node: its memory there is free again
                     jr.set(self.free_m, node, self.free_m[node] + src.mem_on[node])
                     jr.set(src.mem_on, node, None)
-        jr.set(dst.g_on, node, dst.g_on.get(node, 0) + gpus)
-        jr.attr(dst, "g", dst.g + gpus)
+        d_on = dst.g_on
+        was = d_on.get(node, _MISSING)
+        ops.append((d_on, node, was))  # jr.set(d_on, node, d_on.get(node, 0) + gpus)
+        d_on[node] = (0 if was is _MISSING else was) + gpus
+        ops.append((dst, "g", dst.g))  # jr.attr(dst, "g", dst.g + gpus)
+        dst.g += gpus
+        dst.touched = True
         if dst.id not in self.on_node[node]:
             jr.set(self.on_node, node, self.on_node[node] | {dst.id})
 
