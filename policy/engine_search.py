@@ -20,8 +20,8 @@ class _Search:
 
     def _move(self, jr: _Journal, node: str, src: _Job | None, dst: _Job, gpus: int) -> None:
         """`gpus` GPUs on `node` to `dst`, free ones (`src` None) or `src`'s, written in `jr`. The journal's `set` and
-        `attr` of the two jobs' GPUs are written out here (the same entries, in the same order): a cluster's first
-        round at 8,192 GPUs makes 30,096 moves."""
+        `attr` of the two jobs' GPUs and of `src`'s CPUs and the node's free CPUs are written out here (the same
+        entries, in the same order): a cluster's first round at 8,192 GPUs makes 30,096 moves."""
         if self._room_of is not None:
             self._room_stale.add(node)
         ops = jr.ops
@@ -40,16 +40,20 @@ class _Search:
             ops.append((src, "g", src.g))  # jr.attr(src, "g", src.g - gpus)
             src.g -= gpus
             src.touched = True
+            c_on, free_c = src.c_on, self.free_c
+            ops.append((c_on, node, c_on.get(node, _MISSING)))  # jr.set(c_on, node, its CPUs kept, or None)
             if left > 0:  # it keeps its CPUs per GPU on what it keeps there (at least one a GPU), at most what it had
                 per = c // had
                 keep_c = left * per if per > 1 else left
                 if keep_c > c:
                     keep_c = c
-                jr.set(src.c_on, node, keep_c)
+                c_on[node] = keep_c
             else:
                 keep_c = 0
-                jr.set(src.c_on, node, None)
-            jr.set(self.free_c, node, self.free_c[node] + c - keep_c)
+                c_on.pop(node, None)
+            free = free_c[node]
+            ops.append((free_c, node, free))  # jr.set(free_c, node, free + (c - keep_c))
+            free_c[node] = free + (c - keep_c)
             if left <= 0:
                 jr.set(self.on_node, node, self.on_node[node] - {src.id})
                 if node in src.mem_on:  # off the node: its memory there is free again
