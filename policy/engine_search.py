@@ -45,7 +45,7 @@ class _Search:
             if left > 0:  # it keeps its CPUs per GPU on what it keeps there (at least one a GPU), at most what it had
                 per = c // had
                 keep_c = left * per if per > 1 else left
-                if keep_c > c:
+                if keep_c > c:  # noqa: PLR1730 (`min` written out: a call costs more, every move)
                     keep_c = c
                 c_on[node] = keep_c
             else:
