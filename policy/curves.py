@@ -123,6 +123,7 @@ cluster's first round); a number hashes at once. Equal keys share their number, 
 _KIND_KEYS_KEPT = 1 << 16
 """keys `_KIND_KEYS` holds: past that it is emptied, and the kinds seen again take new numbers"""
 _KIND_NUMBERS = count()
+"""where `_KIND_KEYS`'s numbers come from: one never given before, even after it was emptied"""
 
 
 def packed(gpus: int, node_gpus: int) -> tuple[int, ...]:
