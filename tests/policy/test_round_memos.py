@@ -6,6 +6,7 @@ byte for byte."""
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from dataclasses import replace
@@ -19,7 +20,9 @@ from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
 from policy import engine_index, engine_search, records
+from policy.curves import Best
 from policy.oracle import from_modeler
+from policy.plans import canonical
 from policy.registry import make_policy
 
 from .helpers import job, node
@@ -292,12 +295,16 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_the_same(monkeypatch, seed):
     """`_keeps_guarantee` keeps its answers for the round under what they depend on, shared by the jobs they are the
     same for: every answer, read back or worked out, is the one a memo of its own gives, and answers worked out for
-    one job are read back for others."""
+    one job are read back for others. Each job with a request is asked again as three others of its kind and
+    reference whose requests differ: at its request's speed, placed on the placement asked about (which then covers
+    it) and on one no placement covers; and on the placement asked about at a million times that speed. The drive's
+    jobs of one kind and reference all ask the same request, so without these no answer would depend on where a
+    request is placed or how fast it runs."""
     real = engine_mod.RubickEngine._keeps_guarantee
-    seen = {"asked": 0, "shared": 0}
+    seen = {"asked": 0, "shared": 0, "placed_apart": 0, "faster": 0}
     owner: dict = {}
 
-    def checked(self, v, node):
+    def alone_and_shared(self, v, node):
         memo = self._guarantee_memo
         self._guarantee_memo = {}
         alone = real(self, v, node)  # nothing read back: worked out for this job alone
@@ -308,12 +315,26 @@ def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_th
         if key not in memo:
             owner[key] = v.id
         answer = real(self, v, node)
-        assert answer == alone, (v.id, node)
+        assert answer == alone, (v.id, node, v.request)
+        return answer
+
+    def checked(self, v, node):
+        answer = alone_and_shared(self, v, node)
+        if v.request is not None:
+            place = canonical(tuple([g - 1 if n == node else g for n, g in v.g_on.items()]))
+            answers = []
+            for where, speed in ((place, v.request.throughput), ((10**6,), v.request.throughput),
+                                 (place, v.request.throughput * 1e6)):
+                other = copy.copy(v)
+                other.request = Best(speed, v.request.plan, where)
+                answers.append(alone_and_shared(self, other, node))
+            seen["placed_apart"] += answers[0] != answers[1]
+            seen["faster"] += answers[0] != answers[2]
         return answer
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_keeps_guarantee", checked)
     drive(seed, jobs=120, steps=20)
-    assert seen["asked"] > 100 and seen["shared"] > 0
+    assert seen["asked"] > 100 and seen["shared"] > 0 and seen["placed_apart"] > 0 and seen["faster"] > 0, seen
 
 
 @pytest.mark.parametrize("seed", [1, 3])
