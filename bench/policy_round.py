@@ -32,6 +32,12 @@ held, so every round may move every job (tens to hundreds of restarts a round; n
 
     .venv/bin/python bench/policy_round.py                 # 64/50, 1024/1000, 8192/5000
     .venv/bin/python bench/policy_round.py --sizes 64:50 --rounds 50 --policy rubick
+    .venv/bin/python bench/policy_round.py --sizes 8192:5000 --instructions   # the first round, counted
+
+`--instructions` counts instead of timing: the instructions of the first round in a fresh process, under valgrind's
+callgrind (the set-up counted apart and taken off), with a digest of the events the round published. The count is
+the same from run to run of the same code within a few parts in a thousand, whatever else the machine runs; the
+time of the same round swings by half on a shared machine. It needs `valgrind` and takes minutes a size.
 """
 
 from __future__ import annotations
@@ -41,7 +47,10 @@ import csv
 import hashlib
 import json
 import math
+import os
 import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -212,15 +221,61 @@ def cold_first(args, gpus: int, jobs: int) -> list[float]:
 
 
 def _cold_first_here(args) -> int:
-    """The child of `cold_first`: build one size, time its first round, print it as JSON."""
+    """The child of `cold_first` and `first_instructions`: build one size, time its first round, print it as JSON
+    with a digest of the events it published (`--set-up-only`: build it and stop there)."""
     gpus, jobs = (int(x) for x in args.cold_first.split(":"))
     core, _, _ = build(args.policy, gpus // 8, jobs, args.seed, make_core())
     if args.ticks:
         core.handle(make("clock.tick", _tick(0), time=0.0, id="b-tick-start", source="bench"))
+    if args.set_up_only:
+        return 0
     tick = make("clock.tick", _tick(0), time=1.0, id="b-tick-0", source="bench")
     t0 = time.perf_counter()
-    core.run_round(tick)
-    print(json.dumps({"first_s": time.perf_counter() - t0}))
+    out = core.run_round(tick)
+    first_s = time.perf_counter() - t0
+    published = hashlib.sha256()
+    for event in out:
+        published.update(encode(event))
+    print(json.dumps({"first_s": first_s, "sha": published.hexdigest()[:16]}))
+    return 0
+
+
+def first_instructions(args, gpus: int, jobs: int) -> tuple[int, int, str]:
+    """(Instructions of the first round in a fresh process, those of the set-up before it, a digest of the round's
+    events), counted by valgrind's callgrind: the child runs once to the end of its set-up and once through the first
+    round, both with `PYTHONHASHSEED=0`, and the round is the difference. A count of instructions is the same from run
+    to run of the same code whatever else the machine does (within a few parts in a thousand here), where the time of
+    a round on a shared machine is not: it tells whether a change to the code made the round cheaper."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        sys.exit("--instructions counts with valgrind's callgrind: no `valgrind` on the PATH")
+    child = [sys.executable, str(Path(__file__).resolve()), "--cold-first", f"{gpus}:{jobs}", "--policy", args.policy,
+             "--seed", str(args.seed)] + ([] if args.ticks else ["--no-ticks"])
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    subprocess.run(child + ["--set-up-only"], env=env, capture_output=True, check=True)  # byte code written, if it may
+    counts, sha = {}, ""
+    for mode in ("set-up", "round"):
+        done = subprocess.run([valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null"] + child
+                              + (["--set-up-only"] if mode == "set-up" else []),
+                              env=env, capture_output=True, text=True, check=True)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if found is None:
+            sys.exit(f"callgrind printed no count of instructions: {done.stderr.strip()[-500:]}")
+        counts[mode] = int(found[1])
+        if mode == "round":
+            sha = json.loads(done.stdout.strip().splitlines()[-1])["sha"]
+    return counts["round"] - counts["set-up"], counts["set-up"], sha
+
+
+def instructions(args) -> int:
+    """`--instructions`: the first round's instructions at each size (see `first_instructions`)."""
+    print(f"policy {args.policy}; first round in a fresh process, instructions counted by callgrind "
+          f"(PYTHONHASHSEED=0; the set-up taken off)")
+    print(f"{'GPUs':>6} {'jobs':>6} {'first round':>14} {'set-up':>10} {'events':>18}")
+    for item in args.sizes.split(","):
+        gpus, jobs = (int(x) for x in item.split(":"))
+        first, setup, sha = first_instructions(args, gpus, jobs)
+        print(f"{gpus:>6} {jobs:>6} {first / 1e9:>12.3f} G {setup / 1e9:>8.3f} G {sha:>18}")
     return 0
 
 
@@ -246,10 +301,16 @@ def main(argv=None) -> int:
                     help="runs per size through the core (`median`: the median of their median rounds)")
     ap.add_argument("--first-runs", type=int, default=3,
                     help="cold first rounds per size, each in a fresh process (the median is printed; 0: none)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count the instructions of each size's first round in a fresh process with valgrind's "
+                         "callgrind instead of timing rounds (minutes a size; see first_instructions)")
     ap.add_argument("--cold-first", help=argparse.SUPPRESS)
+    ap.add_argument("--set-up-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.cold_first:
         return _cold_first_here(args)
+    if args.instructions:
+        return instructions(args)
     modeler = make_core()
     if args.reasons_overhead:
         return overhead(args, modeler)
