@@ -155,9 +155,7 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, rea
     decided = core.run_round(tick)
     first = time.perf_counter() - t0
     published = hashlib.sha256()
-    for ev in decided:
-        if ev.base == "plan.decided":
-            published.update(encode(ev))
+    _digest(published, decided, "plan.decided")
     agents(core, decided, 1.0, through_core)
     changed = []
     times = []
@@ -178,9 +176,7 @@ def run(policy: str, nodes: int, jobs: int, rounds: int, seed: int, modeler, rea
         decided = core.run_round(tick)
         times.append(time.perf_counter() - t0)
         changed.append(sum(len(ev.payload.decisions) for ev in decided if ev.base == "plan.decided"))
-        for ev in decided:
-            if ev.base == "plan.decided":
-                published.update(encode(ev))
+        _digest(published, decided, "plan.decided")
         agents(core, decided, 1.0 + r, through_core)
     times.sort()
     placed = sum(1 for j in core.state.jobs_in("running", "queued", "preempted") if j.decided_allocation)
@@ -234,8 +230,7 @@ def _cold_first_here(args) -> int:
     out = core.run_round(tick)
     first_s = time.perf_counter() - t0
     published = hashlib.sha256()
-    for event in out:
-        published.update(encode(event))
+    _digest(published, out)
     print(json.dumps({"first_s": first_s, "sha": published.hexdigest()[:16]}))
     return 0
 
@@ -277,6 +272,13 @@ def instructions(args) -> int:
         first, setup, sha = first_instructions(args, gpus, jobs)
         print(f"{gpus:>6} {jobs:>6} {first / 1e9:>12.3f} G {setup / 1e9:>8.3f} G {sha:>18}")
     return 0
+
+
+def _digest(h, events, base: str | None = None) -> None:
+    """Add the encoded bytes of `events` (only those of subject `base`, where given) to the hash `h`, in order."""
+    for ev in events:
+        if base is None or ev.base == base:
+            h.update(encode(ev))
 
 
 def _tick(seq: int):
