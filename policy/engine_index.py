@@ -49,9 +49,11 @@ class _NodeIndex:
     """Part of `RubickEngine`: what an attempt reads of the nodes and the index of the jobs it may shrink."""
 
     # --- CPUs ---------------------------------------------------------------------------------
-    def _cpg_of(self, job: _Job) -> int:
+    def _cpg_of(self, job: _Job, g_on: dict[str, int] | None = None) -> int:
+        """The fewest CPUs per GPU the job holds on a node of `g_on` (its own GPUs where None; at least one), its
+        CPUs per GPU where it holds no GPU there."""
         c_on, low = job.c_on, None
-        for n, g in job.g_on.items():
+        for n, g in (job.g_on if g_on is None else g_on).items():
             if g > 0:
                 r = c_on.get(n, 0) // g
                 if low is None or r < low:

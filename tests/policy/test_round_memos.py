@@ -36,13 +36,14 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
           mem_gb: float = 1600.0, owners: bool = False, short: bool = False,
           hold_s: float | None = None, policy: str = "rubick",
-          lengths: tuple[int, ...] | None = None) -> tuple[list[bytes], object]:
+          lengths: tuple[int, ...] | None = None, quota: int | None = None) -> tuple[list[bytes], object]:
     """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then, and
     every node lost for a while; `short`: two jobs in three with few iterations, less than a restart takes at most speeds;
     `lengths`: the jobs' iterations, taken in turn (`short` and None: 100,000 each);
-    `hold_s`: the policy's hold, None for its default; `policy`: which of the registry's)."""
+    `hold_s`: the policy's hold, None for its default; `policy`: which of the registry's; `quota`: each of the four
+    tenants' GPUs, an eighth of the cluster's where None)."""
     oracle, models = from_modeler(MODELER)
-    quotas = {f"t{i}": nodes * 8 // 8 for i in range(4)}
+    quotas = {f"t{i}": nodes * 8 // 8 if quota is None else quota for i in range(4)}
     core = make_policy(policy, oracle=oracle, models=models, quotas=quotas, hold_s=hold_s)
     rng = random.Random(seed)
     out: list[bytes] = []
@@ -1513,6 +1514,31 @@ def test_the_index_as_each_attempt_of_the_queue_begins_is_the_one_made_afresh(mo
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", checked)
     drive(seed, nodes=12, jobs=120, steps=24, cpus=12, policy=policy)
     assert counts["checked"] > 200 and counts["listed"] > 2000, counts
+
+
+@pytest.mark.parametrize("seed,policy", [(1, "rubick"), (2, "rubick"), (1, "rubick-r")])
+def test_a_job_under_its_minimum_is_short_of_gpus_as_the_whole_count_says(monkeypatch, seed, policy):
+    """A job under its minimum fails at once where the free GPUs and those the jobs of the index hold over their
+    minimums (less its own) add up to fewer than it lacks (`_short_of`), the count stopped once it covers what is
+    lacking. At every call, from the round's queue, the guarantees' own pass and their repacks alike, every job of the
+    index but the one asking holds at least one GPU over its minimum (what lets the count stop), and the answer is the
+    one the whole count gives."""
+    real = engine_search._Search._short_of
+    counts = {"short": 0, "covered": 0, "counted": 0}
+
+    def checked(self, job):
+        over = [self.jobs[k[3]].g - self.jobs[k[3]].min_g for k in self.by_down if k[3] != job.id]
+        assert all(d >= 1 for d in over), over
+        whole = job.g + sum(self.free_g.values()) + sum(over) < job.min_g
+        got = real(self, job)
+        assert got == whole
+        counts["short" if got else "covered"] += 1
+        counts["counted"] += not got and job.g + sum(self.free_g.values()) < job.min_g  # the index's jobs counted
+        return got
+
+    monkeypatch.setattr(engine_search._Search, "_short_of", checked)
+    drive(seed, nodes=3, jobs=80, steps=24, cpus=96, policy=policy, quota=24)  # quotas of the whole cluster
+    assert counts["short"] > 5 and counts["covered"] > 50 and counts["counted"] > 5, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2])
