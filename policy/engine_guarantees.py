@@ -135,47 +135,10 @@ class _Guarantees:
         still ends before its deadline after the restart; one that cannot stays. The nodes to
         clear are those with the fewest such GPUs to move; the jobs are placed biggest first on the
         node with the least room that holds them (best fit). Undone whole when any step fails."""
-        need = packed(max(1, job.min_g), self.book.node_gpus)
-        if len(need) > len(self.order):
+        plan = self._repack_plan(job)
+        if plan is None or not plan[1]:  # no fit, or nothing to move: the plain attempt already failed on these nodes
             return False
-        pinned = {n: 0 for n in self.order}
-        movable: dict[str, list[_Job]] = {n: [] for n in self.order}
-        size: dict[str, int] = {}
-        for v in self.jobs.values():
-            if v is job or not v.privileged or v.g <= 0:
-                continue
-            g = self._size_in_time(v) if len(v.g_on) == 1 else None
-            if g is not None:
-                movable[next(iter(v.g_on))].append(v)
-                size[v.id] = g
-            else:
-                for n, g in v.g_on.items():
-                    pinned[n] += g
-        load = {n: sum(size[v.id] for v in movable[n]) for n in self.order}
-        cap = {n: self.nodes[n].gpus - pinned[n] for n in self.order}
-        chosen: list[str] = []
-        for want in need:
-            fits = [n for n in self.order if n not in chosen and cap[n] >= want]
-            if not fits:
-                return False
-            chosen.append(min(fits, key=lambda n: (load[n], pinned[n], n)))
-        room = {n: cap[n] - load[n] for n in self.order}
-        for n, want in zip(chosen, need):
-            room[n] = cap[n] - want
-        moves: list[tuple[_Job, str]] = []
-        for v in sorted((v for n in chosen for v in movable[n]), key=lambda v: (-size[v.id], v.id)):
-            g, home = size[v.id], next(iter(v.g_on))
-            if room[home] >= g:
-                room[home] -= g  # stays where it is
-                continue
-            fits = [n for n in self.order if room[n] >= g]
-            if not fits:
-                return False
-            to = min(fits, key=lambda n: (room[n], n))
-            room[to] -= g
-            moves.append((v, to))
-        if not moves:
-            return False  # nothing to move: the plain attempt already failed on these nodes
+        chosen, moves, size = plan
         jr = _Journal()
         for v, _ in moves:
             self._release(jr, v)
@@ -190,6 +153,55 @@ class _Guarantees:
             self._reindex(v)
             v.forced, v.reason, v.detail = True, "moved", {"by": job.id, "why": "packing guarantees"}
         return True
+
+    def _repack_plan(self, job: _Job) -> tuple[list[str], list[tuple[_Job, str]], dict[str, int]] | None:
+        """What `_repack` would do, read without writing anything: the nodes to clear for the job (one for each part of
+        its packed minimum), the jobs to move and where to (none: it does nothing), and the GPUs each moved job gets;
+        None where no node, or no room for a job to move, fits. Each node picked is the least of a key over the nodes,
+        read in one pass: a cluster's first round at 8,192 GPUs repacks over 1,024 nodes."""
+        need = packed(max(1, job.min_g), self.book.node_gpus)
+        if len(need) > len(self.order):
+            return None
+        order = self.order
+        pinned = dict.fromkeys(order, 0)
+        movable: dict[str, list[_Job]] = {}  # only nodes that have one (most of a large cluster's have none)
+        size: dict[str, int] = {}
+        for v in self.jobs.values():
+            if v is job or not v.privileged or v.g <= 0:
+                continue
+            g = self._size_in_time(v) if len(v.g_on) == 1 else None
+            if g is not None:
+                movable.setdefault(next(iter(v.g_on)), []).append(v)
+                size[v.id] = g
+            else:
+                for n, g in v.g_on.items():
+                    pinned[n] += g
+        load = dict.fromkeys(order, 0)
+        for n, there in movable.items():
+            load[n] = sum(size[v.id] for v in there)
+        cap = {n: self.nodes[n].gpus - pinned[n] for n in order}
+        chosen: list[str] = []
+        for want in need:  # the node the fewest GPUs would leave, of those that hold `want` (names are unique)
+            pick = min(((load[n], pinned[n], n) for n in order if cap[n] >= want and n not in chosen), default=None)
+            if pick is None:
+                return None
+            chosen.append(pick[2])
+        room = {n: cap[n] - load[n] for n in order}
+        for n, want in zip(chosen, need):
+            room[n] = cap[n] - want
+        moves: list[tuple[_Job, str]] = []
+        for v in sorted((v for n in chosen for v in movable.get(n, ())), key=lambda v: (-size[v.id], v.id)):
+            g, home = size[v.id], next(iter(v.g_on))
+            if room[home] >= g:
+                room[home] -= g  # stays where it is
+                continue
+            pick = min(((room[n], n) for n in order if room[n] >= g), default=None)  # best fit
+            if pick is None:
+                return None
+            to = pick[1]
+            room[to] -= g
+            moves.append((v, to))
+        return chosen, moves, size
 
     def _size_in_time(self, v: _Job) -> int | None:
         """The fewest GPUs on one node, at least its minimum, with which a running guaranteed job

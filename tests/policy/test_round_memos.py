@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -19,8 +20,8 @@ from controlplane.events.payloads import JobControl, NodeLost
 from modeler.perf_model import PerfParams
 from modeler.service import make_core
 from policy import engine as engine_mod
-from policy import engine_index, engine_search, records
-from policy.curves import Best
+from policy import engine_guarantees, engine_index, engine_search, records
+from policy.curves import Best, packed
 from policy.oracle import from_modeler
 from policy.plans import canonical
 from policy.registry import make_policy
@@ -1539,6 +1540,69 @@ def test_a_job_under_its_minimum_is_short_of_gpus_as_the_whole_count_says(monkey
     monkeypatch.setattr(engine_search._Search, "_short_of", checked)
     drive(seed, nodes=3, jobs=80, steps=24, cpus=96, policy=policy, quota=24)  # quotas of the whole cluster
     assert counts["short"] > 5 and counts["covered"] > 50 and counts["counted"] > 5, counts
+
+
+def _repack_as_listed(engine, job):
+    """`_repack_plan` read the plain way: every node listed for each pick, the least picked by a key function."""
+    need = packed(max(1, job.min_g), engine.book.node_gpus)
+    if len(need) > len(engine.order):
+        return None
+    pinned = {n: 0 for n in engine.order}
+    movable = {n: [] for n in engine.order}
+    size = {}
+    for v in engine.jobs.values():
+        if v is job or not v.privileged or v.g <= 0:
+            continue
+        g = engine._size_in_time(v) if len(v.g_on) == 1 else None
+        if g is not None:
+            movable[next(iter(v.g_on))].append(v)
+            size[v.id] = g
+        else:
+            for n, g in v.g_on.items():
+                pinned[n] += g
+    load = {n: sum(size[v.id] for v in movable[n]) for n in engine.order}
+    cap = {n: engine.nodes[n].gpus - pinned[n] for n in engine.order}
+    chosen = []
+    for want in need:
+        fits = [n for n in engine.order if n not in chosen and cap[n] >= want]
+        if not fits:
+            return None
+        chosen.append(min(fits, key=lambda n: (load[n], pinned[n], n)))
+    room = {n: cap[n] - load[n] for n in engine.order}
+    for n, want in zip(chosen, need):
+        room[n] = cap[n] - want
+    moves = []
+    for v in sorted((v for n in chosen for v in movable[n]), key=lambda v: (-size[v.id], v.id)):
+        g, home = size[v.id], next(iter(v.g_on))
+        if room[home] >= g:
+            room[home] -= g
+            continue
+        fits = [n for n in engine.order if room[n] >= g]
+        if not fits:
+            return None
+        to = min(fits, key=lambda n: (room[n], n))
+        room[to] -= g
+        moves.append((v, to))
+    return chosen, moves, size
+
+
+@pytest.mark.parametrize("seed,quota", [(1, 64), (2, 64), (1, 32)])
+def test_a_repack_picks_the_nodes_and_moves_a_plain_reading_picks(monkeypatch, seed, quota):
+    """A repack's plan (`_repack_plan`: the nodes to clear, the jobs to move and where, each picked as the least of a
+    key in one pass over the nodes) is, at every call, the one a reading that lists the nodes for each pick and takes
+    the least by a key function gives."""
+    real = engine_guarantees._Guarantees._repack_plan
+    counts = Counter()
+
+    def checked(self, job):
+        got = real(self, job)
+        assert got == _repack_as_listed(self, job)
+        counts["none" if got is None else "moves" if got[1] else "stays"] += 1
+        return got
+
+    monkeypatch.setattr(engine_guarantees._Guarantees, "_repack_plan", checked)
+    drive(seed, nodes=16, jobs=240 if quota == 32 else 200, steps=24, cpus=96, quota=quota)
+    assert counts["moves"] >= 1 and counts["none"] > 20, counts
 
 
 @pytest.mark.parametrize("seed", [1, 2])
