@@ -136,7 +136,7 @@ class _Guarantees:
         clear are those with the fewest such GPUs to move; the jobs are placed biggest first on the
         node with the least room that holds them (best fit). Undone whole when any step fails."""
         plan = self._repack_plan(job)
-        if plan is None or not plan[1]:  # no fit, or nothing to move: the plain attempt already failed on these nodes
+        if plan is None or not plan[1]:  # no fit; or nothing to move (the plain attempt failed on these nodes already)
             return False
         chosen, moves, size = plan
         jr = _Journal()

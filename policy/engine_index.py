@@ -50,8 +50,8 @@ class _NodeIndex:
 
     # --- CPUs ---------------------------------------------------------------------------------
     def _cpg_of(self, job: _Job, g_on: dict[str, int] | None = None) -> int:
-        """The fewest CPUs per GPU the job holds on a node of `g_on` (its own GPUs where None; at least one), its
-        CPUs per GPU where it holds no GPU there."""
+        """The fewest CPUs per GPU the job holds on the nodes of an allocation, at least one: its own (`g_on` None), or
+        `g_on` (node -> GPUs), where it may hold no CPUs yet on some nodes; `job.cpg` where the allocation is empty."""
         c_on, low = job.c_on, None
         for n, g in (job.g_on if g_on is None else g_on).items():
             if g > 0:

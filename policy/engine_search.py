@@ -102,8 +102,8 @@ class _Search:
         mark = len(jr.ops)
         before = (dict(job.g_on), dict(job.c_on), job.best)
         free_before = (self._free_list, self._free_any)  # what the cache of free nodes is again once undone
-        if job.g < job.min_g and self._short_of(job):  # under its minimum: fail fast when free and shrinkable GPUs
-            self.why[job.id] = "no-gpus"  # cannot cover it
+        if job.g < job.min_g and self._short_of(job):  # under its minimum, with too few GPUs to gather: fail fast
+            self.why[job.id] = "no-gpus"
             return False
         self._skipped_held = False
         victims: dict[str, _Job] = {}
@@ -444,7 +444,7 @@ class _Search:
         best plan within it, on what `_trim` keeps of it, finds CPUs and memory there without taking any from another
         job, and its gain over `old` does not pay one restart (`_settled`). One restart is the fewest the change
         costs: a change that shrinks running jobs costs more, so the rule refuses it too."""
-        cpg = self._cpg_of(job, g_on) if job.c_on else job.cpg  # none yet on the nodes it gathered
+        cpg = self._cpg_of(job, g_on) if job.c_on else job.cpg  # over the allocation: no CPUs yet where it gathered
         best, _, shape = self._settle_memo(job, tuple(g_on.values()), max(cpg, job.cpg))
         if best is None:
             return False
