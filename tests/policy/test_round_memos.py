@@ -1517,15 +1517,16 @@ def test_the_index_as_each_attempt_of_the_queue_begins_is_the_one_made_afresh(mo
     assert counts["checked"] > 200 and counts["listed"] > 2000, counts
 
 
-@pytest.mark.parametrize("seed,policy", [(1, "rubick"), (2, "rubick"), (1, "rubick-r")])
-def test_a_job_under_its_minimum_is_short_of_gpus_as_the_whole_count_says(monkeypatch, seed, policy):
+@pytest.mark.parametrize("seed,policy,nodes,quota", [(1, "rubick", 3, 24), (2, "rubick", 3, 24), (1, "rubick-r", 3, 24),
+                                                     (1, "rubick", 16, 64)])
+def test_a_job_under_its_minimum_is_short_of_gpus_as_the_whole_count_says(monkeypatch, seed, policy, nodes, quota):
     """A job under its minimum fails at once where the free GPUs and those the jobs of the index hold over their
     minimums (less its own) add up to fewer than it lacks (`_short_of`), the count stopped once it covers what is
-    lacking. At every call, from the round's queue, the guarantees' own pass and their repacks alike, every job of the
-    index but the one asking holds at least one GPU over its minimum (what lets the count stop), and the answer is the
-    one the whole count gives."""
-    real = engine_search._Search._short_of
-    counts = {"short": 0, "covered": 0, "counted": 0}
+    lacking. At every call, every job of the index but the one asking holds at least one GPU over its minimum (what
+    lets the count stop), and the answer is the one the whole count gives. With quotas of the whole cluster on three
+    nodes, guarantees fall short; on sixteen, a few repacks move jobs, whose placing under a minimum asks too."""
+    real, real_at_least = engine_search._Search._short_of, engine_guarantees._Guarantees._at_least
+    counts, repacking = Counter(), []
 
     def checked(self, job):
         over = [self.jobs[k[3]].g - self.jobs[k[3]].min_g for k in self.by_down if k[3] != job.id]
@@ -1535,11 +1536,21 @@ def test_a_job_under_its_minimum_is_short_of_gpus_as_the_whole_count_says(monkey
         assert got == whole
         counts["short" if got else "covered"] += 1
         counts["counted"] += not got and job.g + sum(self.free_g.values()) < job.min_g  # the index's jobs counted
+        counts["in a repack"] += bool(repacking)
         return got
 
+    def at_least(self, *args):
+        repacking.append(True)
+        try:
+            return real_at_least(self, *args)
+        finally:
+            repacking.pop()
+
     monkeypatch.setattr(engine_search._Search, "_short_of", checked)
-    drive(seed, nodes=3, jobs=80, steps=24, cpus=96, policy=policy, quota=24)  # quotas of the whole cluster
-    assert counts["short"] > 5 and counts["covered"] > 50 and counts["counted"] > 5, counts
+    monkeypatch.setattr(engine_guarantees._Guarantees, "_at_least", at_least)
+    drive(seed, nodes=nodes, jobs=80 if nodes == 3 else 200, steps=24, cpus=96, policy=policy, quota=quota)
+    assert counts["covered"] > 50 and counts["counted"] > 5, counts
+    assert counts["short"] > 5 if nodes == 3 else counts["in a repack"] >= 1, counts
 
 
 def _repack_as_listed(engine, job):
