@@ -137,7 +137,9 @@ class Simulation:
                     break
             t = min(x for x in (due, next_input, next_tick) if x is not None)
             if t > self.max_time_s:
-                reason = f"stopped at max_time_s = {self.max_time_s:g} s"
+                # the limit written out (`:g` would print 720 h as 2.592e+06 s, hiding the value)
+                reason = (f"stopped at the time limit, {self.max_time_s / 3600:,.6g} h "
+                          f"({self.max_time_s:,.0f} s of simulated time)")
                 break
             self.now = t
             if progress is not None:

@@ -81,6 +81,9 @@ def test_utilisation_of_a_run_stopped_before_its_jobs_end_stays_within_the_clust
                  "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["gpu_utilisation"] <= 1.0 + 1e-9
+    # the limit as the user gave it, and in seconds written out (never `7200` as `7.2e+03`)
+    assert summary["stop_reason"] == "stopped at the time limit, 2 h (7,200 s of simulated time)"
+    assert "stopped at the time limit, 2 h (7,200 s of simulated time)" in capsys.readouterr().out
 
 
 def test_a_simulation_stopped_by_a_time_limit_writes_what_it_simulated(tmp_path):
