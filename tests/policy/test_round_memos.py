@@ -297,21 +297,28 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
 def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_the_same(monkeypatch, seed):
     """`_keeps_guarantee` keeps its answers for the round under what they depend on, shared by the jobs they are the
     same for: every answer, read back or worked out, is the one a memo of its own gives, and answers worked out for
-    one job are read back for others. Each job with a request is asked again as three others of its kind and
+    one job are read back for others. The placement with a GPU less it keys them on (kept by placement and count,
+    `_LESS_ONE`) and the CPUs per GPU are those the plain reading gives. Each job with a request is asked again as three others of its kind and
     reference whose requests differ: at its request's speed, placed on the placement asked about (which then covers
     it) and on one no placement covers; and on the placement asked about at a million times that speed. The drive's
     jobs of one kind and reference all ask the same request, so without these no answer would depend on where a
     request is placed or how fast it runs."""
     real = engine_mod.RubickEngine._keeps_guarantee
-    seen = {"asked": 0, "shared": 0, "placed_apart": 0, "faster": 0}
+    seen = {"asked": 0, "shared": 0, "placed_apart": 0, "faster": 0, "less_one_kept": 0}
     owner: dict = {}
+    monkeypatch.setattr(engine_index, "_LESS_ONE", {})  # made in this drive, then read back in it
 
     def alone_and_shared(self, v, node):
         memo = self._guarantee_memo
         self._guarantee_memo = {}
+        kept = (tuple(v.g_on.values()), v.g_on.get(node)) in engine_index._LESS_ONE
         alone = real(self, v, node)  # nothing read back: worked out for this job alone
         (key, _), = self._guarantee_memo.items()
         self._guarantee_memo = memo
+        # the placement with a GPU less and the CPUs per GPU in the key, read back or not, are the plain reading's
+        assert key[1] == canonical(tuple([g - 1 if n == node else g for n, g in v.g_on.items()])), (v.g_on, node)
+        assert key[2] == self.book._cpg(v.inp.kind, self._cpg_of(v))
+        seen["less_one_kept"] += kept
         seen["asked"] += 1
         seen["shared"] += key in memo and owner.get(key) not in (None, v.id)
         if key not in memo:
@@ -337,6 +344,7 @@ def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_th
     monkeypatch.setattr(engine_mod.RubickEngine, "_keeps_guarantee", checked)
     drive(seed, jobs=120, steps=20)
     assert seen["asked"] > 100 and seen["shared"] > 0 and seen["placed_apart"] > 0 and seen["faster"] > 0, seen
+    assert seen["less_one_kept"] > 50, seen
 
 
 @pytest.mark.parametrize("seed", [1, 3])
