@@ -412,6 +412,10 @@ class _NodeIndex:
             ids.add(jid)
             was = dkey.get(jid)  # a key made again with the same parts stays listed as it is
             same = was is key or (was is not None and was == key and not _signs_differ(was[1], key[1]))
+            if same and was is not key:
+                # the record takes the key as listed: a dormant record is kept while the index lists its key itself
+                # (`_keep_dormant`), and one made again with an equal key would otherwise be made again every round
+                job.index_key = key = was
             if not same or dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
                 changed.append((job, key))
         gone = list(dkey.keys() - ids)
