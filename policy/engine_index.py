@@ -18,6 +18,8 @@ from .records import EPS, _entry, _Job, _Order
 _INF = math.inf
 
 _SKIP_FROM = 96
+"""a walk over a tail of more nodes than this passes those where the search would do nothing (`_visits`); on a
+shorter one, working out which to pass costs more than reading each (rounds on 80 nodes ran faster walking them)"""
 
 _LESS_ONE: dict[tuple[tuple[int, ...], int | None], tuple[int, ...]] = {}
 """(a placement's GPUs per node in any order, those of one of its nodes) -> the placement with one GPU less on that
@@ -25,8 +27,6 @@ node, canonical (`_keeps_guarantee`): a privileged job's placement and a count a
 occurrence of the count goes one down; None, a node it does not hold: none does), and reading it here costs a fraction
 of working it out node by node (12,000 asks in a cluster's first round at 8,192 GPUs)"""
 _LESS_ONE_KEPT = 1 << 16
-"""a walk over a tail of more nodes than this passes those where the search would do nothing (`_visits`); on a
-shorter one, working out which to pass costs more than reading each (rounds on 80 nodes ran faster walking them)"""
 
 
 def _signs_differ(a: float, b: float) -> bool:
@@ -407,7 +407,7 @@ class _NodeIndex:
         listed now (made whole then: as fast)."""
         held, dkey, dnodes, held_ids = self.held, base.dkey, base.dnodes, base.held
         changed, ids = [], set(self._dormant)  # a dormant record is listed as it is (`_keep_dormant`)
-        for job, key in gathered:
+        for i, (job, key) in enumerate(gathered):
             jid = job.id
             ids.add(jid)
             was = dkey.get(jid)  # a key made again with the same parts stays listed as it is
@@ -415,7 +415,9 @@ class _NodeIndex:
             if same and was is not key:
                 # the record takes the key as listed: a dormant record is kept while the index lists its key itself
                 # (`_keep_dormant`), and one made again with an equal key would otherwise be made again every round
+                # (`gathered` too, in case the index is made whole from it after all)
                 job.index_key = key = was
+                gathered[i] = (job, key)
             if not same or dnodes[jid] != job.index_nodes or (jid in held) != (jid in held_ids):
                 changed.append((job, key))
         gone = list(dkey.keys() - ids)
