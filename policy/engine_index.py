@@ -256,6 +256,46 @@ class _NodeIndex:
             yield tail[j]
             j += 1
 
+    def _tail_reads(self, job: _Job, order: _Order, limit: float) -> Iterator[str]:
+        """The nodes of `order`'s tail (worked out) on which `_none_below(node, job, {}, limit)` may not hold, in
+        order: `_visits`'s walk of the tail at a slope that does not move and with no job shrunk (`_takes_free_only`).
+        A short tail, or a slope that is not finite, whole (a short one until a held job was passed over); else the
+        nodes whose lowest key listed, of the jobs not held once `_skipped_held` (`_un_*`, else `_lo_*`), has a
+        priority, or slope, below the job's, and those its own key is listed under."""
+        tail, tidx = order.tail, order.tidx
+        n, j = len(tidx), 0
+        if not math.isfinite(limit):
+            yield from tail
+            return
+        short = len(tail) <= _SKIP_FROM
+        masks: dict[bool, np.ndarray] = {}
+        while j < n:
+            unheld = self._skipped_held
+            if short and not unheld:
+                yield tail[j]
+                j += 1
+                continue
+            mask = masks.get(unheld)
+            if mask is None:
+                low_p, low_s = ((self._un_p[tidx], self._un_s[tidx]) if unheld
+                                else (self._lo_p[tidx], self._lo_s[tidx]))
+                prio, slope = job.inp.priority, low_s + EPS
+                same = low_p == prio
+                mask = slope < limit if same.all() else (low_p < prio) | (same & (slope < limit))
+                own = self._dnodes.get(job.id, ())
+                if own:
+                    at = np.fromiter(map(self._nidx.__getitem__, own), np.intp, len(own))
+                    pos = np.searchsorted(tidx, at)
+                    inside = pos < n
+                    pos, at = pos[inside], at[inside]
+                    mask[pos[tidx[pos] == at]] = True
+                masks[unheld] = mask
+            j += int(mask[j:].argmax())  # the first true at or after `j` (0 where none: told apart by reading it)
+            if not mask[j]:
+                return
+            yield tail[j]
+            j += 1
+
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
         """`mine`, then the other nodes where the job could get GPUs, most first (`_room`). The nodes' rooms are
         worked out for every node at the round's first call, then kept in order (`_room_keys`); a later call works

@@ -5,7 +5,6 @@ or undone; the restart rule decides whether a running job's own change is worth 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
@@ -395,11 +394,16 @@ class _Search:
         That look passes over held jobs as the search does, setting `held_back` and `_skipped_held` where it would;
         the search, run after all, sets them at the same node, and a set `_skipped_held` leaves out of later nodes
         only held jobs it would pass over (`_none_below`). Where the free GPUs fall short, the nodes of the jobs it may
-        shrink (the tail) are read the same way (`_walk`). None where the search would shrink a job."""
+        shrink (the tail, worked out as `_visits` works it out, from the state the attempt began in) are read the same
+        way. None where the search would shrink a job.
+
+        No tail node has a free GPU (every node with some is in the head), so on the tail the job's GPUs, its slope and
+        whether it beats `floor` stay as the head left them: where it does not, no tail node can shrink a job, and where
+        it does, only the nodes `_tail_reads` hands out can (on the others `_none_below` holds, and nothing is read)."""
         free_g, on_node, me = self.free_g, self.on_node, job.id
         up_tab, want, g = job.up_tab, job.want_g, job.g
         taken: dict[str, int] = {}
-        for node in self._walk(order):
+        for node in order.head():
             take = min(free_g[node], target - g)
             if take > 0:
                 taken[node] = take
@@ -413,19 +417,20 @@ class _Search:
             if (self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit)
                     and self._lowest_slope_over_min(node, job, limit) is not None):
                 return None
-        return taken
-
-    def _walk(self, order: _Order) -> Iterator[str]:
-        """`_takes_free_only`'s nodes: the head of `order`, then every node of its tail, worked out (as `_visits`
-        works it out, from the state the attempt began in: nothing is written) only when the reading gets there. A
-        tail node has no free GPU; `_visits` leaves out some on which the search would find no job to shrink, and the
-        reading finds none there either."""
-        yield from order.head()
         if not order.end:
-            return
+            return taken
+        limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]
+        if not self._beats(job, floor, limit):
+            return taken
         if order.tail is None:
             order.tail, order.tidx = self._shrinkable(order.end, order.seen())
-        yield from order.tail
+        for node in self._tail_reads(job, order, limit):
+            others = on_node[node]
+            if not others or (len(others) == 1 and me in others):
+                continue
+            if not self._none_below(node, job, {}, limit) and self._lowest_slope_over_min(node, job, limit) is not None:
+                return None
+        return taken
 
     def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
         """Whether `_settle`, after the search took the free GPUs `taken`, would end in the restart rule refusing the

@@ -1878,3 +1878,88 @@ def test_a_dormant_record_made_again_with_the_key_listed_stays_dormant(monkeypat
     drive(seed, nodes=12, jobs=90, steps=40)
     assert counts["equal copy only"] == 0, counts
     assert counts["kept"] > 50 and counts["kept after being made again"] > 5, counts
+
+
+def _takes_free_only_as_read(engine, job, order, floor, target, seen):
+    """`_takes_free_only` the plain way: every node of the head, then every node of the tail (worked out as the attempt
+    began), each read with the slope at the GPUs the job would hold by then."""
+    up_tab, want, g, taken = job.up_tab, job.want_g, job.g, {}
+    head = list(order.head())
+    tail = (order.tail if order.tail is not None else engine._shrinkable(order.end, order.seen())[0]) if order.end else []
+    for at, name in enumerate(head + list(tail)):
+        take = min(engine.free_g[name], target - g)
+        if take > 0:
+            assert at < len(head)  # every node with a free GPU is in the head
+            taken[name] = take
+            g += take
+            if target - g <= 0:
+                return taken
+        others = engine.on_node[name]
+        if not others or (len(others) == 1 and job.id in others):
+            continue
+        limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]
+        if at >= len(head):
+            seen["tail nodes"] += 1
+        if (engine._beats(job, floor, limit) and not engine._none_below(name, job, {}, limit)
+                and engine._lowest_slope_over_min(name, job, limit) is not None):
+            seen["none on the tail" if at >= len(head) else "none on the head"] += 1
+            return None
+    seen["taken after the tail" if tail else "taken"] += 1
+    return taken
+
+
+@pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (3, 0), (1, 10**9)])
+def test_what_a_running_job_would_take_of_free_gpus_is_what_reading_every_node_gives(monkeypatch, seed, skip_from):
+    """`_takes_free_only` reads the tail only where its search could shrink a job: not at all where the job beats no
+    job of the index at the slope the head left it, else only the nodes `_tail_reads` hands out (the lowest keys
+    listed there, of the jobs not held once one was passed over, below the job's, and its own key's nodes). Its answer
+    and what it sets (`held_back`, `_skipped_held`) are at every call those of reading every node of the head and the
+    tail; and the core publishes what one that reads every node publishes."""
+    real = engine_search._Search._takes_free_only
+    seen = Counter()
+
+    def checked(self, job, order, floor, target):
+        flags = (self.held_back, self._skipped_held)
+        plain = _takes_free_only_as_read(self, job, order, floor, target, seen)
+        plain_flags = (self.held_back, self._skipped_held)
+        self.held_back, self._skipped_held = flags
+        got = real(self, job, order, floor, target)
+        assert got == plain and (self.held_back, self._skipped_held) == plain_flags, (job.id, got, plain)
+        return got
+
+    monkeypatch.setattr(engine_index, "_SKIP_FROM", skip_from)
+    monkeypatch.setattr(engine_search._Search, "_takes_free_only", checked)
+    reading, _ = drive(seed, nodes=16, jobs=160, steps=30)
+    assert seen["tail nodes"] > 100 and seen["none on the tail"] > 5 and seen["taken after the tail"] > 5, seen
+    monkeypatch.setattr(engine_search._Search, "_takes_free_only",
+                        lambda self, job, order, floor, target: _takes_free_only_as_read(self, job, order, floor,
+                                                                                         target, Counter()))
+    plain, _ = drive(seed, nodes=16, jobs=160, steps=30)
+    assert reading == plain
+
+
+def test_what_a_running_job_would_take_of_free_gpus_at_mixed_priorities_is_what_reading_every_node_gives(monkeypatch):
+    """The same at random priorities, on small nodes where jobs hold GPUs on several of them (`_scenario`), every tail
+    read the way a long one is: the nodes `_tail_reads` leaves out are only those where no job of a lower priority, or
+    of the job's own and a slope below its own, is listed first."""
+    oracle, models = from_modeler(MODELER)
+    real = engine_search._Search._takes_free_only
+    seen = Counter()
+
+    def checked(self, job, order, floor, target):
+        flags = (self.held_back, self._skipped_held)
+        plain = _takes_free_only_as_read(self, job, order, floor, target, seen)
+        plain_flags = (self.held_back, self._skipped_held)
+        self.held_back, self._skipped_held = flags
+        got = real(self, job, order, floor, target)
+        assert got == plain and (self.held_back, self._skipped_held) == plain_flags, (job.id, got, plain)
+        return got
+
+    monkeypatch.setattr(engine_index, "_SKIP_FROM", 0)
+    monkeypatch.setattr(engine_search._Search, "_takes_free_only", checked)
+    rng = random.Random(11)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    for _ in range(300):
+        nodes, jobs = _scenario(rng, models)
+        engine.schedule(nodes, jobs)
+    assert seen["tail nodes"] > 50 and seen["none on the tail"] > 5, seen
