@@ -241,12 +241,7 @@ class _NodeIndex:
                 extra = [*self._dnodes.get(job.id, ())]
                 for v in victims.values():
                     extra.extend(v.g_on)
-                if extra:
-                    at = np.fromiter(map(self._nidx.__getitem__, extra), np.intp, len(extra))
-                    pos = np.searchsorted(tidx, at)
-                    inside = pos < n
-                    pos, at = pos[inside], at[inside]
-                    mask[pos[tidx[pos] == at]] = True
+                self._mark_in_tail(mask, tidx, extra)
                 cand, seen_at = mask, state
             # the next position to visit: the first of `cand` at or after `j` (argmax of booleans stops at the first
             # true one; 0 where there is none, told apart by reading it)
@@ -282,19 +277,23 @@ class _NodeIndex:
                 prio, slope = job.inp.priority, low_s + EPS
                 same = low_p == prio
                 mask = slope < limit if same.all() else (low_p < prio) | (same & (slope < limit))
-                own = self._dnodes.get(job.id, ())
-                if own:
-                    at = np.fromiter(map(self._nidx.__getitem__, own), np.intp, len(own))
-                    pos = np.searchsorted(tidx, at)
-                    inside = pos < n
-                    pos, at = pos[inside], at[inside]
-                    mask[pos[tidx[pos] == at]] = True
+                self._mark_in_tail(mask, tidx, self._dnodes.get(job.id, ()))
                 masks[unheld] = mask
             j += int(mask[j:].argmax())  # the first true at or after `j` (0 where none: told apart by reading it)
             if not mask[j]:
                 return
             yield tail[j]
             j += 1
+
+    def _mark_in_tail(self, mask: np.ndarray, tidx: np.ndarray, nodes) -> None:
+        """Set `mask` (one entry per node of a tail, `tidx` their indices in `_by_name`, ascending) at those of `nodes`
+        that are in the tail (`_visits`, `_tail_reads`: nodes to read whatever their lowest keys say)."""
+        if nodes:
+            at = np.fromiter(map(self._nidx.__getitem__, nodes), np.intp, len(nodes))
+            pos = np.searchsorted(tidx, at)
+            inside = pos < len(tidx)
+            pos, at = pos[inside], at[inside]
+            mask[pos[tidx[pos] == at]] = True
 
     def _by_room(self, job: _Job, mine: list[str], seen: set[str]):
         """`mine`, then the other nodes where the job could get GPUs, most first (`_room`). The nodes' rooms are

@@ -1908,16 +1908,9 @@ def _takes_free_only_as_read(engine, job, order, floor, target, seen):
     return taken
 
 
-@pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (3, 0), (1, 10**9)])
-def test_what_a_running_job_would_take_of_free_gpus_is_what_reading_every_node_gives(monkeypatch, seed, skip_from):
-    """`_takes_free_only` reads the tail only where its search could shrink a job: not at all where the job beats no
-    job of the index at the slope the head left it, else only the nodes `_tail_reads` hands out (the lowest keys
-    listed there, of the jobs not held once one was passed over, below the job's, and its own key's nodes). Its answer
-    and what it sets (`held_back`, `_skipped_held`) are at every call those of reading every node of the head and the
-    tail; and the core publishes what one that reads every node publishes."""
-    real = engine_search._Search._takes_free_only
-    seen = Counter()
-
+def _checked_against_reading(real, seen: Counter):
+    """`_takes_free_only` that asserts, at every call, the answer and the flags it sets (`held_back`, `_skipped_held`)
+    of `_takes_free_only_as_read`, the flags put back between the two."""
     def checked(self, job, order, floor, target):
         flags = (self.held_back, self._skipped_held)
         plain = _takes_free_only_as_read(self, job, order, floor, target, seen)
@@ -1926,9 +1919,20 @@ def test_what_a_running_job_would_take_of_free_gpus_is_what_reading_every_node_g
         got = real(self, job, order, floor, target)
         assert got == plain and (self.held_back, self._skipped_held) == plain_flags, (job.id, got, plain)
         return got
+    return checked
 
+
+@pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (3, 0), (1, 10**9)])
+def test_what_a_running_job_would_take_of_free_gpus_is_what_reading_every_node_gives(monkeypatch, seed, skip_from):
+    """`_takes_free_only` reads the tail only where its search could shrink a job: not at all where the job beats no
+    job of the index at the slope the head left it, else only the nodes `_tail_reads` hands out (the lowest keys
+    listed there, of the jobs not held once one was passed over, below the job's, and its own key's nodes). Its answer
+    and what it sets (`held_back`, `_skipped_held`) are at every call those of reading every node of the head and the
+    tail; and the core publishes what one that reads every node publishes."""
+    seen = Counter()
     monkeypatch.setattr(engine_index, "_SKIP_FROM", skip_from)
-    monkeypatch.setattr(engine_search._Search, "_takes_free_only", checked)
+    monkeypatch.setattr(engine_search._Search, "_takes_free_only",
+                        _checked_against_reading(engine_search._Search._takes_free_only, seen))
     reading, _ = drive(seed, nodes=16, jobs=160, steps=30)
     assert seen["tail nodes"] > 100 and seen["none on the tail"] > 5 and seen["taken after the tail"] > 5, seen
     monkeypatch.setattr(engine_search._Search, "_takes_free_only",
@@ -1943,20 +1947,10 @@ def test_what_a_running_job_would_take_of_free_gpus_at_mixed_priorities_is_what_
     read the way a long one is: the nodes `_tail_reads` leaves out are only those where no job of a lower priority, or
     of the job's own and a slope below its own, is listed first."""
     oracle, models = from_modeler(MODELER)
-    real = engine_search._Search._takes_free_only
     seen = Counter()
-
-    def checked(self, job, order, floor, target):
-        flags = (self.held_back, self._skipped_held)
-        plain = _takes_free_only_as_read(self, job, order, floor, target, seen)
-        plain_flags = (self.held_back, self._skipped_held)
-        self.held_back, self._skipped_held = flags
-        got = real(self, job, order, floor, target)
-        assert got == plain and (self.held_back, self._skipped_held) == plain_flags, (job.id, got, plain)
-        return got
-
     monkeypatch.setattr(engine_index, "_SKIP_FROM", 0)
-    monkeypatch.setattr(engine_search._Search, "_takes_free_only", checked)
+    monkeypatch.setattr(engine_search._Search, "_takes_free_only",
+                        _checked_against_reading(engine_search._Search._takes_free_only, seen))
     rng = random.Random(11)
     engine = make_policy("rubick", oracle=oracle, models=models).engine
     for _ in range(300):
