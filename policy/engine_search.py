@@ -161,9 +161,10 @@ class _Search:
         touched = [job, *victims.values()]
         gathered = job.g
         if (victims and job.inp.running and before[0] and gathered >= max(1, job.min_g)
-                and self._refused_on(job, job.g_on, before[2])):
-            # what it gathered (GPUs of other jobs among them) settles on a plan whose gain does not pay even one
-            # restart: the restart rule below would refuse the change; undone as it would be, without settling
+                and self._refused_on(job, job.g_on, before[2], 1 + sum(1 for v in victims.values() if v.inp.running))):
+            # what it gathered (GPUs of other jobs among them) settles on a plan whose gain does not pay its restart and
+            # those of the running jobs it shrank: the restart rule below (`_worth_it`) would refuse the change; undone
+            # as it would be, without settling
             self._undo(jr, touched, mark)
             self._free_list, self._free_any = free_before
             self.why[job.id] = "held"
@@ -294,14 +295,15 @@ class _Search:
         return job.g < job.min_g or self._any_free() or self._beats(job, floor)
 
     def _settled(self, job: _Job, old: Best | None, shape: tuple | None = None,
-                 g_on: dict[str, int] | None = None) -> bool:
+                 g_on: dict[str, int] | None = None, restarts: int = 1) -> bool:
         """Whether `_settle` on the job's allocation as it is (an attempt that gathered nothing), or on `g_on` (what
         `_trim` keeps of a larger allocation, `_refused_on`, which gives its `shape` with it), would give back nothing
         more, find the CPUs its plan wants on every node (those it holds there, and free ones) and the memory it
         needs, and end with at least its minimum of GPUs on a plan whose gain over `old` (its best as the attempt
-        began) does not pay one restart: the restart rule (`_worth_it`) would then refuse the change, and the attempt
-        be undone whole. Read without writing anything; each check is `_settle`'s own, and a case it does not answer
-        for sure (a trim, CPUs to take from another job) is left to `_settle` itself.
+        began) does not pay `restarts` restarts (one, or as `_refused_on` counts them): the restart rule (`_worth_it`)
+        would then refuse the change, and the attempt be undone whole. Read without writing anything; each check is
+        `_settle`'s own, and a case it does not answer for sure (a trim, CPUs to take from another job) is left to
+        `_settle` itself.
 
         What it reads of the plan book (`_settle_memo`) depends only on the placement, the CPUs per GPU, the job's
         request and minimum and its model's version (and, for a guarantee, its reference and the type's margins): a
@@ -322,7 +324,7 @@ class _Search:
             have = c_on.get(node, 0)
             if have < g * want and have + free_c[node] < g * want:
                 return False  # CPUs to take from another job
-        if best.throughput > old.throughput * (1 + 1e-9) and self._pays(job, old, best, 1):
+        if best.throughput > old.throughput * (1 + 1e-9) and self._pays(job, old, best, restarts):
             return False
         free_m, mem_on, per_gpu = self.free_m, job.mem_on, self.mem_per_gpu_gb
         for node, g in g_on.items():
@@ -443,12 +445,14 @@ class _Search:
             g_on[node] = g_on.get(node, 0) + take
         return self._refused_on(job, g_on, old)
 
-    def _refused_on(self, job: _Job, g_on: dict[str, int], old: Best | None) -> bool:
+    def _refused_on(self, job: _Job, g_on: dict[str, int], old: Best | None, restarts: int = 1) -> bool:
         """Whether `_settle` on the allocation `g_on` (node -> GPUs; the job holds CPUs only on the nodes it held
         before the attempt) would end in the restart rule refusing the change, read without writing anything: the
         best plan within it, on what `_trim` keeps of it, finds CPUs and memory there without taking any from another
-        job, and its gain over `old` does not pay one restart (`_settled`). One restart is the fewest the change
-        costs: a change that shrinks running jobs costs more, so the rule refuses it too."""
+        job, and its gain over `old` does not pay `restarts` restarts (`_settled`). After a search, the restarts are
+        those `_worth_it` counts for the change: the job's own and one for each running job it shrank (settling keeps
+        every GPU taken from them, and reclaims no CPUs where `_settled` answers). For free GPUs alone
+        (`_settles_back`) one restart."""
         cpg = self._cpg_of(job, g_on) if job.c_on else job.cpg  # over the allocation: no CPUs yet where it gathered
         best, _, shape = self._settle_memo(job, tuple(g_on.values()), max(cpg, job.cpg))
         if best is None:
@@ -459,7 +463,7 @@ class _Search:
             g = g_on[node] if g_on[node] <= keep else keep
             if g > 0:
                 kept[node] = g
-        return self._settled(job, old, shape, kept)
+        return self._settled(job, old, shape, kept, restarts)
 
     def _first_best(self, job: _Job, placement: tuple[int, ...], cpus_per_gpu: int) -> Best | None:
         """`_settle`'s first look at an allocation: the best plan on it or on a trim of it, guarded for a guarantee;

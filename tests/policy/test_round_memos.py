@@ -11,6 +11,7 @@ import math
 import random
 from collections import Counter
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -461,15 +462,20 @@ def test_a_walk_passes_only_nodes_where_the_search_does_nothing(monkeypatch, see
     assert skipping == every
 
 
-def _settles_refused(engine, job, old) -> None:
+def _settles_refused(engine, job, old, restarts=1) -> None:
     """Settle the job's allocation as it is after all: it succeeds, takes CPUs from no job, and the restart rule
-    refuses the change even at one restart; then undo it."""
+    refuses the change at `restarts` restarts (`_worth_it`'s, for a change that shrinks `restarts - 1` running jobs);
+    then undo it."""
     forced = {j.id: j.forced for j in engine.jobs.values()}
     jr = records._Journal()
     assert engine._settle(jr, job)
-    assert job.g >= job.min_g and not engine._worth_it(job, old, {})
+    assert job.g >= job.min_g and not engine._worth_it(job, old, {f"v{i}": _RUNNING for i in range(restarts - 1)})
     assert {j.id: j.forced for j in engine.jobs.values()} == forced
     engine._undo(jr, [job])
+
+
+_RUNNING = SimpleNamespace(inp=SimpleNamespace(running=True))
+"""A running job as `_worth_it` counts the jobs a change shrinks."""
 
 
 @pytest.mark.parametrize("seed,mem_gb,shows", [(1, 1600.0, "settled"), (2, 20.0, "not")])
@@ -483,9 +489,9 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     real = engine_mod.RubickEngine._settled
     seen = {"settled": 0, "not": 0}
 
-    def checked(self, job, old, shape=None, g_on=None):
-        answer = real(self, job, old, shape, g_on)
-        if g_on is not None:  # after free GPUs taken (`_settles_back`, the test below)
+    def checked(self, job, old, shape=None, g_on=None, restarts=1):
+        answer = real(self, job, old, shape, g_on, restarts)
+        if g_on is not None:  # after free GPUs taken (`_settles_back`, the test below), or a search (`_refused_on`)
             return answer
         seen["settled" if answer else "not"] += 1
         if answer:
@@ -496,7 +502,8 @@ def test_an_attempt_that_gathers_nothing_is_refused_without_settling(monkeypatch
     shortcut, core = drive(seed, mem_gb=mem_gb)
     assert seen["settled"] > 50 and seen[shows] > 0, seen
 
-    monkeypatch.setattr(engine_mod.RubickEngine, "_settled", lambda self, job, old, shape=None, g_on=None: False)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_settled",
+                        lambda self, job, old, shape=None, g_on=None, restarts=1: False)
     monkeypatch.setattr(engine_mod.RubickEngine, "_may_gather", lambda self, job, floor: True)
     settled_each_time, _ = drive(seed, mem_gb=mem_gb)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
@@ -1784,34 +1791,53 @@ def test_what_a_record_keeps_of_settling_an_allocation_is_what_settling_it_afres
     assert kept == none_kept
 
 
-@pytest.mark.parametrize("seed,cpus,mem_gb", [(1, 96, 1600.0), (2, 12, 1600.0), (3, 96, 20.0)])
+@pytest.mark.parametrize("seed,cpus,mem_gb,lengths", [(1, 96, 1600.0, None), (2, 12, 1600.0, None),
+                                                      (3, 96, 20.0, None), (1, 96, 1600.0, (100, 300, 10**5))])
 def test_an_attempt_that_shrinks_jobs_for_a_change_the_restart_rule_refuses_is_undone_without_settling(
-        monkeypatch, seed, cpus, mem_gb):
+        monkeypatch, seed, cpus, mem_gb, lengths):
     """A running job's search that gathered GPUs, some of other jobs, is undone without settling where settling
-    them would end on a plan whose gain does not pay one restart (`_refused_on`): each time it says so, settling
-    succeeds, takes CPUs from no other job, and the restart rule refuses the change even at one restart (a change that
-    shrinks running jobs costs more). Where it says no, the attempt goes the long way. The events published are those
-    of a core that settles every such attempt. With 12 CPUs a node, plans want CPUs other jobs hold; with 20 GB, host
-    memory that is not there."""
-    real = engine_mod.RubickEngine._refused_on
-    seen = {"refused": 0, "not": 0}
+    them would end on a plan whose gain does not pay the restarts the change costs (`_refused_on`): the job's own and
+    one for each running job it shrank, as the restart rule (`_worth_it`) counts them. Each time it says so, settling
+    succeeds, takes CPUs from no other job, and the restart rule refuses the change at that count; some of these the
+    rule would let through at one restart. Where it says no, the attempt goes the long way. The events published are
+    those of a core that settles every such attempt. With 12 CPUs a node, plans want CPUs other jobs hold; with 20 GB,
+    host memory that is not there; with short jobs among long ones (`lengths`), gains between one restart and more."""
+    real, attempt = engine_mod.RubickEngine._refused_on, engine_mod.RubickEngine._schedule_job
+    seen = {"refused": 0, "not": 0, "by the restarts of jobs shrunk": 0}
+    held_before: list[dict[str, int]] = []
+    """each attempt under way: every job's GPUs as it began (the jobs its search shrank hold fewer now)"""
 
-    def checked(self, job, g_on, old):
-        answer = real(self, job, g_on, old)
+    def attempted(self, job, jr=None, only=None):
+        held_before.append({j.id: j.g for j in self.jobs.values()})
+        try:
+            return attempt(self, job, jr, only)
+        finally:
+            held_before.pop()
+
+    def checked(self, job, g_on, old, restarts=1):
+        answer = real(self, job, g_on, old, restarts)
         if g_on is not job.g_on:  # free GPUs it would take (`_settles_back`)
+            assert restarts == 1
             return answer
+        shrunk = [j for j in self.jobs.values() if j.g < held_before[-1].get(j.id, 0)]
+        assert restarts == 1 + sum(1 for j in shrunk if j.inp.running) and shrunk
         seen["refused" if answer else "not"] += 1
         if answer:
-            _settles_refused(self, job, old)
+            seen["by the restarts of jobs shrunk"] += not real(self, job, g_on, old)
+            _settles_refused(self, job, old, restarts)
         return answer
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_refused_on", checked)
-    shortcut, _ = drive(seed, cpus=cpus, mem_gb=mem_gb)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempted)
+    shortcut, _ = drive(seed, cpus=cpus, mem_gb=mem_gb, lengths=lengths)
     assert seen["refused"] > 10 and seen["not"] > 0, seen
+    assert seen["by the restarts of jobs shrunk"] > 0 or not lengths, seen
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", attempt)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_refused_on",
-                        lambda self, job, g_on, old: False if g_on is job.g_on else real(self, job, g_on, old))
-    settled_each_time, _ = drive(seed, cpus=cpus, mem_gb=mem_gb)
+                        lambda self, job, g_on, old, restarts=1: False if g_on is job.g_on else real(self, job, g_on,
+                                                                                                     old))
+    settled_each_time, _ = drive(seed, cpus=cpus, mem_gb=mem_gb, lengths=lengths)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == settled_each_time
 
