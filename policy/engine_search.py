@@ -153,6 +153,10 @@ class _Search:
                 victims[victim.id] = victim
                 if self._over_min(victim):
                     floor = min(floor, (victim.inp.priority, victim.down()))
+                more, floor = self._more_from(node, job, victim, target, floor, live)
+                if more:  # the next steps would take them one at a time from the same job: taken at once
+                    self._move(jr, node, victim, job, more)
+                    self._shrunk(live, victim, node)
         if (not victims and job.g == g0 and g0 >= max(1, job.min_g) and job.inp.running
                 and self._settled(job, before[2])):
             self._reindex(job)  # as the undo below would (nothing was written)
@@ -197,6 +201,54 @@ class _Search:
         if victims and not job.reason:
             jr.attr(job, "detail", {"shrunk": ",".join(sorted(victims)), "slope": f"{job.up():.4g}"})
         return True
+
+    def _more_from(self, node: str, job: _Job, victim: _Job, target: int, floor: tuple[float, float],
+                   live: dict[str, list]) -> tuple[int, tuple[float, float]]:
+        """(How many GPUs more the search's next steps on `node` would take from `victim`, one at a time, the search's
+        `floor` after them), where the victim is the only job there that `_lowest_slope_over_min` would read besides
+        the job itself: each next step then takes from it while the job wants more (`target`), the job's slope at the
+        GPUs it holds by then passes the victim's (or the victim has a lower priority), and the victim may give up a
+        GPU (over its minimum, still on the node). Each step's checks are `_lowest_slope_over_min`'s on one entry, and
+        the floor takes the victim's slope after each as the search does. Worked out from the two jobs' tables, nothing
+        written: (0, floor) where a check is not one of these (a guarantee, a held victim, the job under its minimum,
+        other jobs there), and the search goes on one GPU at a time. On the first three hours of the 100x trace the
+        searches of running jobs took 621,577 single GPUs from other jobs, about 16 an attempt."""
+        g = job.g
+        if (target - g <= 0 or g < job.min_g or victim.privileged or self.fixed_resources or victim.id in self.held
+                or node not in victim.g_on):
+            return 0, floor
+        me, vid = job.id, victim.id
+        slot = live.get(node)
+        if slot is not None:  # what the next look reads: the attempt's own reads of the node, kept up to date
+            for e in slot[0]:
+                if e[0] != me and e[0] != vid:
+                    return 0, floor
+        else:  # else read afresh (`_candidates`): the jobs there listed in the index
+            dkey = self._dkey
+            for other in self.on_node[node]:
+                if other != me and other != vid and other in dkey:
+                    return 0, floor
+            if vid not in dkey:
+                return 0, floor
+        prio, vp = job.inp.priority, victim.inp.priority
+        if vp > prio:
+            return 0, floor
+        up_tab, want, ups = job.up_tab, job.want_g, len(job.up_tab)
+        tab, vmin = victim.down_tab, victim.min_g
+        last = len(tab) - 1
+        gv, on, k = victim.g, victim.g_on[node], 0
+        while g < target and on > 0 and gv - 1 >= vmin and gv > 0:
+            limit = 0.0 if g >= want or g >= ups else up_tab[g]  # `_Job.up`
+            if not math.isfinite(limit):
+                break  # the look then reads every slope: left to it
+            if vp == prio and (0.0 if gv <= vmin else tab[gv if gv < last + 1 else last]) + EPS >= limit:
+                break
+            k, g, gv, on = k + 1, g + 1, gv - 1, on - 1
+            if gv - 1 >= vmin and gv > 0:  # `_over_min` after the step: its slope down there (`_Job.down`)
+                rank = (vp, 0.0 if gv <= vmin else tab[gv if gv < last + 1 else last])
+                if rank < floor:
+                    floor = rank
+        return k, floor
 
     def _short_of(self, job: _Job) -> bool:
         """Whether the free GPUs and those the jobs of the index hold over their minimums (less its own) add up to fewer

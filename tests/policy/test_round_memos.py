@@ -1983,3 +1983,121 @@ def test_what_a_running_job_would_take_of_free_gpus_at_mixed_priorities_is_what_
         nodes, jobs = _scenario(rng, models)
         engine.schedule(nodes, jobs)
     assert seen["tail nodes"] > 50 and seen["none on the tail"] > 5, seen
+
+
+def _held_by_both(engine, node, job, victim) -> tuple:
+    """What a move between `job` and `victim` on `node` writes: both jobs' GPUs, CPUs and memory, and the node's."""
+    return (dict(job.g_on), job.g, dict(job.c_on), dict(victim.g_on), victim.g, dict(victim.c_on), dict(victim.mem_on),
+            engine.free_c[node], engine.free_m[node], engine.on_node[node])
+
+
+_HIGH = (math.inf, math.inf)
+"""A floor above every job's: each step's slope lowers it."""
+
+
+def _one_at_a_time(engine, node, job, victim, target, floor, live) -> tuple:
+    """What the search's steps on `node` do from here, one GPU at a time, each a look (`_lowest_slope_over_min`) and a
+    move, for as long as the look picks `victim`: (GPUs taken, the floor after them from `floor` and from `_HIGH`, what
+    both jobs and the node hold then, the flags). Undone after, the flags put back; `live` is read, not written."""
+    flags = (engine.held_back, engine._skipped_held)
+    reads = {n: [list(slot[0]), slot[1]] for n, slot in live.items()}
+    jr, steps, low, high = records._Journal(), 0, floor, _HIGH
+    while target - job.g > 0:
+        v = engine._lowest_slope_over_min(node, job, math.inf if job.g < job.min_g else job.up(), None, reads)
+        if v is not victim:
+            break
+        engine._move(jr, node, victim, job, 1)
+        engine._shrunk(reads, victim, node)
+        steps += 1
+        if engine._over_min(victim):
+            low = min(low, (victim.inp.priority, victim.down()))
+            high = min(high, (victim.inp.priority, victim.down()))
+    out = (steps, low, high, _held_by_both(engine, node, job, victim), (engine.held_back, engine._skipped_held))
+    jr.undo()
+    engine.held_back, engine._skipped_held = flags
+    return out
+
+
+def _at_once(engine, real, node, job, victim, target, floor, live) -> tuple:
+    """The same read of `_more_from` (`real`): its count and floors, and what one move of that many leaves."""
+    flags = (engine.held_back, engine._skipped_held)
+    more, low = real(engine, node, job, victim, target, floor, live)
+    high = real(engine, node, job, victim, target, _HIGH, live)[1]
+    jr = records._Journal()
+    if more:
+        engine._move(jr, node, victim, job, more)
+    out = (more, low, high, _held_by_both(engine, node, job, victim), flags)
+    jr.undo()
+    return out
+
+
+def _checked_steps(real, seen: Counter):
+    """`_more_from` that asserts, at every call that takes GPUs, what the search's one-GPU-at-a-time steps do from the
+    same state: they take that many from the same job before the look finds none or another, end on the same floor
+    (and on the same from a floor above every job's) and the same flags, and leave both jobs and the node as the one
+    move of that many does."""
+    def checked(self, node, job, victim, target, floor, live):
+        more, after = real(self, node, job, victim, target, floor, live)
+        seen["asked"] += 1
+        if more:
+            seen["taken at once"] += 1
+            seen["GPUs"] += more
+            seen["of a lower priority"] += victim.inp.priority < job.inp.priority
+            seen["off the node"] += more == victim.g_on[node]
+            at_once = _at_once(self, real, node, job, victim, target, floor, live)
+            steps = _one_at_a_time(self, node, job, victim, target, floor, live)
+            seen["a floor lowered"] += steps[2] != _HIGH
+            assert steps == at_once, (job.id, victim.id, node)
+        return more, after
+    return checked
+
+
+@pytest.mark.parametrize("seed,cpus,mem_gb", [(1, 96, 1600.0), (2, 12, 1600.0), (3, 96, 20.0), (4, 96, 1600.0)])
+def test_gpus_a_search_takes_from_the_only_job_on_a_node_at_once_are_those_it_takes_one_at_a_time(
+        monkeypatch, seed, cpus, mem_gb):
+    """Where the only job a search could shrink on a node is the one it just took a GPU from, the next steps there
+    are worked out from the two jobs' tables and taken in one move (`_more_from`): at every call, the steps one GPU at
+    a time take as many, end on the same floor and flags, and leave the same GPUs, CPUs and memory (12 CPUs a node:
+    jobs hold fewer CPUs than GPUs want; 20 GB: memory given back as a job leaves a node). The core publishes what
+    one that takes one GPU at a time publishes."""
+    seen = Counter()
+    monkeypatch.setattr(engine_search._Search, "_more_from", _checked_steps(engine_search._Search._more_from, seen))
+    at_once, _ = drive(seed, nodes=16, jobs=160, steps=30, cpus=cpus, mem_gb=mem_gb)
+    assert seen["taken at once"] > 20 and seen["GPUs"] > seen["taken at once"] and seen["off the node"] > 0, seen
+    assert seen["a floor lowered"] > 0, seen
+    monkeypatch.setattr(engine_search._Search, "_more_from", lambda self, node, job, victim, target, floor, live:
+                        (0, floor))
+    one_at_a_time, _ = drive(seed, nodes=16, jobs=160, steps=30, cpus=cpus, mem_gb=mem_gb)
+    assert sum(b"plan.decided" in b for b in at_once) >= 10
+    assert at_once == one_at_a_time
+
+
+def test_gpus_taken_at_once_at_mixed_priorities_are_those_taken_one_at_a_time(monkeypatch):
+    """The same at random priorities, on small nodes where jobs hold GPUs on several of them (`_scenario`): a victim
+    of a lower priority gives GPUs whatever its slope. After each round, every pair of jobs on a node (one at or over
+    its minimum, the other the only other job there) is asked too, at the most GPUs the node allows: a job of a higher
+    priority, or one held, gives none; the others what the steps one at a time take."""
+    oracle, models = from_modeler(MODELER)
+    seen = Counter()
+    real = engine_search._Search._more_from
+    monkeypatch.setattr(engine_search._Search, "_more_from", _checked_steps(real, seen))
+    rng = random.Random(12)
+    engine = make_policy("rubick", oracle=oracle, models=models).engine
+    for _ in range(300):
+        nodes, jobs = _scenario(rng, models)
+        engine.schedule(nodes, jobs)
+        for node, there in engine.on_node.items():
+            if len(there) != 2:
+                continue
+            for a, b in (sorted(there), sorted(there)[::-1]):
+                job, victim = engine.jobs[a], engine.jobs[b]
+                if job.g < job.min_g:
+                    continue
+                target = job.g + victim.g_on.get(node, 0)
+                steps = _one_at_a_time(engine, node, job, victim, target, _HIGH, {})
+                assert steps == _at_once(engine, real, node, job, victim, target, _HIGH, {}), (job.id, victim.id)
+                seen["pairs"] += 1
+                seen["pairs taken from"] += steps[0] > 0
+                seen["a higher priority"] += victim.inp.priority > job.inp.priority
+    assert seen["taken at once"] > 10 and seen["of a lower priority"] > 5, seen
+    assert seen["pairs taken from"] > 10 and seen["a higher priority"] > 10, seen
