@@ -246,7 +246,7 @@ class _Search:
             k, g, gv, on = k + 1, g + 1, gv - 1, on - 1
             if gv - 1 >= vmin and gv > 0:  # `_over_min` after the step: its slope down there (`_Job.down`)
                 rank = (vp, 0.0 if gv <= vmin else tab[gv if gv < last + 1 else last])
-                if rank < floor:
+                if rank < floor:  # noqa: PLR1730 (`min` written out: a call costs more, every step)
                     floor = rank
         return k, floor
 

@@ -2086,18 +2086,18 @@ def test_gpus_taken_at_once_at_mixed_priorities_are_those_taken_one_at_a_time(mo
     for _ in range(300):
         nodes, jobs = _scenario(rng, models)
         engine.schedule(nodes, jobs)
-        for node, there in engine.on_node.items():
+        for where, there in engine.on_node.items():
             if len(there) != 2:
                 continue
             for a, b in (sorted(there), sorted(there)[::-1]):
-                job, victim = engine.jobs[a], engine.jobs[b]
-                if job.g < job.min_g:
+                grows, victim = engine.jobs[a], engine.jobs[b]
+                if grows.g < grows.min_g:
                     continue
-                target = job.g + victim.g_on.get(node, 0)
-                steps = _one_at_a_time(engine, node, job, victim, target, _HIGH, {})
-                assert steps == _at_once(engine, real, node, job, victim, target, _HIGH, {}), (job.id, victim.id)
+                target = grows.g + victim.g_on.get(where, 0)
+                steps = _one_at_a_time(engine, where, grows, victim, target, _HIGH, {})
+                assert steps == _at_once(engine, real, where, grows, victim, target, _HIGH, {}), (a, b)
                 seen["pairs"] += 1
                 seen["pairs taken from"] += steps[0] > 0
-                seen["a higher priority"] += victim.inp.priority > job.inp.priority
+                seen["a higher priority"] += victim.inp.priority > grows.inp.priority
     assert seen["taken at once"] > 10 and seen["of a lower priority"] > 5, seen
     assert seen["pairs taken from"] > 10 and seen["a higher priority"] > 10, seen
