@@ -233,19 +233,17 @@ class _Search:
         prio, vp = job.inp.priority, victim.inp.priority
         if vp > prio:
             return 0, floor
-        up_tab, want, ups = job.up_tab, job.want_g, len(job.up_tab)
-        tab, vmin = victim.down_tab, victim.min_g
-        last = len(tab) - 1
+        vmin = victim.min_g
         gv, on, k = victim.g, victim.g_on[node], 0
         while g < target and on > 0 and gv - 1 >= vmin and gv > 0:
-            limit = 0.0 if g >= want or g >= ups else up_tab[g]  # `_Job.up`
+            limit = job.up_at(g)
             if not math.isfinite(limit):
                 break  # the look then reads every slope: left to it
-            if vp == prio and (0.0 if gv <= vmin else tab[gv if gv < last + 1 else last]) + EPS >= limit:
+            if vp == prio and victim.down_at(gv) + EPS >= limit:
                 break
             k, g, gv, on = k + 1, g + 1, gv - 1, on - 1
-            if gv - 1 >= vmin and gv > 0:  # `_over_min` after the step: its slope down there (`_Job.down`)
-                rank = (vp, 0.0 if gv <= vmin else tab[gv if gv < last + 1 else last])
+            if gv - 1 >= vmin and gv > 0:  # `_over_min` after the step: its slope down there
+                rank = (vp, victim.down_at(gv))
                 if rank < floor:  # noqa: PLR1730 (`min` written out: a call costs more, every step)
                     floor = rank
         return k, floor
@@ -455,7 +453,7 @@ class _Search:
         whether it beats `floor` stay as the head left them: where it does not, no tail node can shrink a job, and where
         it does, only the nodes `_tail_reads` hands out can (on the others `_none_below` holds, and nothing is read)."""
         free_g, on_node, me = self.free_g, self.on_node, job.id
-        up_tab, want, g = job.up_tab, job.want_g, job.g
+        g = job.g
         taken: dict[str, int] = {}
         for node in order.head():
             take = min(free_g[node], target - g)
@@ -467,13 +465,13 @@ class _Search:
             others = on_node[node]
             if not others or (len(others) == 1 and me in others):
                 continue
-            limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]  # `_Job.up` at the GPUs it would hold
+            limit = job.up_at(g)  # at the GPUs it would hold
             if (self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit)
                     and self._lowest_slope_over_min(node, job, limit) is not None):
                 return None
         if not order.end:
             return taken
-        limit = 0.0 if g >= want or g >= len(up_tab) else up_tab[g]
+        limit = job.up_at(g)
         if not self._beats(job, floor, limit):
             return taken
         if order.tail is None:

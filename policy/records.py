@@ -224,13 +224,19 @@ class _Job:
     `_place_current` reads of them, made again when either is another object"""
 
     def up(self) -> float:
-        g = self.g
+        return self.up_at(self.g)
+
+    def down(self) -> float:
+        return self.down_at(self.g)
+
+    def up_at(self, g: int) -> float:
+        """The job's slope up at `g` GPUs (`up` at the GPUs it holds; a search asks it at those it would hold)."""
         if g >= self.want_g or g >= len(self.up_tab):
             return 0.0
         return self.up_tab[g]
 
-    def down(self) -> float:
-        g = self.g
+    def down_at(self, g: int) -> float:
+        """The job's slope down at `g` GPUs (`down` at the GPUs it holds)."""
         if g <= self.min_g:
             return 0.0
         tab = self.down_tab
