@@ -157,6 +157,16 @@ class SimulatedAgents:
         self._seq = 0
         self._n = 0
         self.capacity_violations: list[tuple[float, str, int, int]] = []
+        self._used: dict[str, int] = {}
+        """node -> GPUs the jobs in `holding` hold there, as `_check_capacity` last counted them"""
+        self._counted: dict[str, tuple[NodeShare, ...]] = {}
+        """job -> the allocation `_used` counts for it (the jobs in `holding` as last checked)"""
+        self._moved: set[str] = set()
+        """jobs whose allocation or holding may have changed since the last check (`_phase`)"""
+        self._resized: set[str] = set()
+        """nodes whose GPUs changed (registered, lost) since the last check"""
+        self._over: set[str] = set()
+        """nodes holding more GPUs than they have, as last checked"""
         self.failures: dict[str, str] = {}
         self.ignored_decisions = 0
         self.restarts = {"start": 0, "reconfigure": 0, "resume": 0}
@@ -200,9 +210,11 @@ class SimulatedAgents:
             return []
         if base == "node.registered":
             self.nodes[x.node] = x.gpus
+            self._resized.add(x.node)
             return []
         if base == "node.lost":
             self.nodes.pop(x.node, None)
+            self._resized.add(x.node)
             out = []
             for job_id in sorted(self.holding):
                 job = self.holding[job_id]
@@ -361,7 +373,10 @@ class SimulatedAgents:
         return make("job.failed", JobFailed(job.job_id, reason[:500]), time=now, id=self._id(), source=src)
 
     def _phase(self, job: _Job, phase: str, now: float) -> None:
+        """Every change of a job's allocation is followed by one of its phase (`_decide`, `_complete`, `_preempt`,
+        `_fail`): the capacity check recounts the jobs whose phase was set since it last ran."""
         job.phase = phase
+        self._moved.add(job.job_id)
         if phase in ("running", "restarting"):
             self.holding[job.job_id] = job
         else:
@@ -414,13 +429,31 @@ class SimulatedAgents:
             self._timer(nxt, job, "sample")
 
     def _check_capacity(self, now: float) -> None:
-        used: dict[str, int] = {}
-        for job in self.holding.values():
-            for s in job.alloc:
-                used[s.node] = used.get(s.node, 0) + s.gpus
-        for node in sorted(used):
-            if used[node] > self.nodes.get(node, 0):
-                self.capacity_violations.append((now, node, used[node], self.nodes.get(node, 0)))
+        """Record every node that holds more GPUs than it has after a decision, by name. The GPUs held on each node
+        are kept between checks, and only the jobs whose phase was set since (`_moved`) are counted again: the same
+        count as one over every job in `holding`, without walking thousands of running jobs at
+        each decision of a large cluster."""
+        used, counted, holding, nodes, over = self._used, self._counted, self.holding, self.nodes, self._over
+        marked = self._resized
+        self._resized = set()
+        for job_id in self._moved:
+            for s in counted.pop(job_id, ()):
+                used[s.node] -= s.gpus
+                marked.add(s.node)
+            job = holding.get(job_id)
+            if job is not None:
+                counted[job_id] = job.alloc
+                for s in job.alloc:
+                    used[s.node] = used.get(s.node, 0) + s.gpus
+                    marked.add(s.node)
+        self._moved.clear()
+        for node in marked:
+            if used.get(node, 0) > nodes.get(node, 0):
+                over.add(node)
+            else:
+                over.discard(node)
+        for node in sorted(over):
+            self.capacity_violations.append((now, node, used[node], nodes.get(node, 0)))
 
     def unfinished(self) -> list[str]:
         return sorted(j for j, job in self.jobs.items() if job.phase != "finished")

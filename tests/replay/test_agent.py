@@ -155,3 +155,55 @@ def test_a_run_shorter_than_one_iteration_reports_that_iteration_before_it_compl
     sample, done = out
     assert sample.time == done.time == pytest.approx(5.0 + t_iter)
     assert sample.payload.iteration == 0 and sample.payload.iter_time_s == t_iter
+
+
+def test_the_capacity_check_kept_between_decisions_counts_what_a_fresh_count_does(parts):
+    """The GPUs held per node are kept between decisions and only the jobs whose phase was set since are counted
+    again: at every decision of a long random drive (starts, restarts, shrinks to zero, failures, completions, nodes
+    lost and registered, nodes registered again with other GPUs under their jobs, decisions past a node's GPUs),
+    what it records is what a count over every job holding an allocation gives."""
+    import random
+
+    from controlplane.events import NodeLost
+
+    rng = random.Random(3)
+    agents = SimulatedAgents(ground_truth(parts), restart_cost_s=5.0, sample_every_s=50.0)
+    caps = {f"n{i}": 8 for i in range(4)}
+    for node, gpus in caps.items():
+        agents.handle(ev("node.registered", NodeRegistered(node, gpus, 80.0, 96, 1600.0), 0.0))
+    ids = [f"bert-{i}" for i in range(12)]
+    for job_id in ids:
+        sub = JobSubmitted(job_id=job_id, tenant="default", guaranteed=False, model=ModelRef("bert"),
+                           global_batch_size=32, plan=Plan(dp=2), resources=Resources(2, 16),
+                           target_iterations=rng.choice((50, 400, 3000)))
+        agents.handle(ev("job.submitted", sub, 0.0))
+    seen, over_seen, held_most, t = 0, 0, 0, 0.0
+    for step in range(400):
+        t += rng.choice((0.5, 3.0, 20.0))
+        drain(agents, t)
+        if rng.random() < 0.03:
+            node = rng.choice(sorted(caps))
+            agents.handle(ev("node.lost", NodeLost(node, "gone"), t))
+            agents.handle(ev("node.registered", NodeRegistered(node, rng.choice((4, 8)), 80.0, 96, 1600.0), t + 1e-3))
+        elif rng.random() < 0.05:  # registered again with other GPUs, its jobs still on it
+            node = rng.choice(sorted(caps))
+            agents.handle(ev("node.registered", NodeRegistered(node, rng.choice((2, 8, 16)), 80.0, 96, 1600.0), t))
+        decisions = []
+        for job_id in rng.sample(ids, rng.randint(1, 3)):
+            nodes = rng.sample(sorted(caps), rng.randint(1, 2))
+            gpus = rng.choice((0, 1, 2, 4, 8))
+            alloc = tuple(NodeShare(n, gpus, 8 * gpus) for n in nodes)
+            plan = None if rng.random() < 0.01 else Plan(dp=max(1, gpus * len(nodes)), zero_stage=2)
+            decisions.append(Decision(job_id, alloc, plan))
+        agents.handle(ev("plan.decided", PlanDecided(step + 1, "test", tuple(decisions)), t))
+        fresh: dict[str, int] = {}
+        for job in agents.holding.values():
+            for s in job.alloc:
+                fresh[s.node] = fresh.get(s.node, 0) + s.gpus
+        want = [(t, n, fresh[n], agents.nodes.get(n, 0)) for n in sorted(fresh) if fresh[n] > agents.nodes.get(n, 0)]
+        assert agents.capacity_violations[seen:] == want, f"decision {step + 1}"
+        seen = len(agents.capacity_violations)
+        over_seen += bool(want)
+        held_most = max(held_most, len(agents.holding))
+    assert 20 < over_seen < 400  # the drive both overcommits nodes and leaves them within their GPUs
+    assert agents.restarts["reconfigure"] > 0 and agents.failures and held_most >= 6
