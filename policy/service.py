@@ -122,6 +122,15 @@ class PolicyCore:
     round hands the engine the same node objects (`RubickEngine._layout` then reads them at once)"""
     _holding: set = field(default_factory=set, repr=False)
     """jobs whose last decision gave them resources (`last` with shares): the only ones `_count_free` reads"""
+    _used_of: dict = field(default_factory=dict, repr=False)
+    """job -> GPUs of live nodes its decision holds, as `_count_free` last counted them (none: it holds none)"""
+    _used: int = field(default=0, repr=False)
+    """the sum of `_used_of`"""
+    _used_alive: frozenset | None = field(default=None, repr=False)
+    """the live nodes' names `_used_of` was counted on"""
+    _recount: set | None = field(default=None, repr=False)
+    """jobs whose entry in `_used_of` may have changed since `_count_free` last ran; None: every job is counted
+    again"""
     _stopped: set = field(default_factory=set, repr=False)
     """jobs cancelled or suspended by their owner whose resources a round may still have to withdraw"""
     _kept_in: dict = field(default_factory=dict, repr=False)
@@ -193,6 +202,10 @@ class PolicyCore:
             self._listed = None
         if base not in KEEPS_FREE:
             self._free = None
+            if about:
+                self._count_again(about)
+            else:  # an event about no one job (a node lost stops the jobs on it): every job counted again
+                self._recount = None
         if base in ("job.cancel", "job.suspend"):
             self._stopped.add(about)
         out: list[Event] = []
@@ -249,6 +262,7 @@ class PolicyCore:
         state = self.state
         if state.events != self._folded:
             self._listed = None
+            self._recount = None  # what the events folded past the core changed is not known
         state.apply(event, checked)
         self._folded = state.events
 
@@ -279,13 +293,34 @@ class PolicyCore:
         return self._free
 
     def _count_free(self) -> int:
-        alive = self.state.alive_names()
-        used = 0
-        for job_id in self._holding:  # a job holds what it was decided only while its last decision gave it some
-            job = self.state.jobs.get(job_id)
+        """The live nodes' GPUs less those the jobs in `_holding` (open) were decided on them. What each job holds is
+        kept between counts (`_used_of`), and only the jobs an event or a decision touched since (`_recount`) are
+        counted again: an event folds changes into the state of the job it is about alone (`ClusterState.apply`;
+        the others that may change what is held, a node lost among them, count every job again, as does a new set of
+        live nodes, or events folded past the core). A large cluster's round is followed by a submission that asks
+        this, with thousands of jobs holding GPUs."""
+        state = self.state
+        alive = state.alive_names()
+        recount, used_of, holding, jobs = self._recount, self._used_of, self._holding, state.jobs
+        if recount is None or alive is not self._used_alive or state.events != self._folded:
+            used_of.clear()
+            self._used, self._used_alive, recount = 0, alive, holding
+        used = self._used
+        for job_id in recount:  # a job holds what it was decided only while its last decision gave it some
+            used -= used_of.pop(job_id, 0)
+            job = jobs.get(job_id) if job_id in holding else None
             if job is not None and job.status in SCHEDULED:
-                used += sum(s.gpus for s in job.decided_allocation if s.node in alive)
-        return self.state.totals()[0] - used
+                n = sum(s.gpus for s in job.decided_allocation if s.node in alive)
+                if n:
+                    used_of[job_id] = n
+                    used += n
+        self._used, self._recount = used, set()
+        return state.totals()[0] - used
+
+    def _count_again(self, job_id: str) -> None:
+        """What the job holds is counted again at the next `_count_free`."""
+        if self._recount is not None:
+            self._recount.add(job_id)
 
     def _pause(self, job_id: str, t: float) -> None:
         """A running job the round changes stops at `t` to restart: count its progress up to `t` and
@@ -568,6 +603,7 @@ class PolicyCore:
         holding = self._holding
         for _, o, prev in new:
             self.last[o.job_id] = o
+            self._count_again(o.job_id)  # its decision below replaces what it holds, and maybe its place in `_holding`
             if o.shares:
                 holding.add(o.job_id)
             else:
