@@ -270,8 +270,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._refits = refits
         to_make.sort()  # ids are unique: no comparison reaches the input
         if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
-            self.held = {inp.job_id for _, _, _, inp, _ in to_make
-                         if inp.running and inp.current and inp.changed_s < hold * self._backoff(inp)}
+            backoff = self._backoff  # asked only where it is more than 1 (two changes or more in its window)
+            self.held = {inp.job_id for _, _, _, inp, _ in to_make if inp.running and inp.current
+                         and inp.changed_s < (hold * backoff(inp) if inp.recent_changes > 1 else hold)}
         else:  # the same hold for every job
             self.held = {inp.job_id for _, _, _, inp, _ in to_make
                          if inp.running and inp.current and inp.changed_s < hold}
