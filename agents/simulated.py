@@ -431,8 +431,8 @@ class SimulatedAgents:
     def _check_capacity(self, now: float) -> None:
         """Record every node that holds more GPUs than it has after a decision, by name. The GPUs held on each node
         are kept between checks, and only the jobs whose phase was set since (`_moved`) are counted again: the same
-        count as one over every job in `holding`, without walking thousands of running jobs at
-        each decision of a large cluster."""
+        count as one over every job in `holding`, without walking thousands of running jobs at each decision of a
+        large cluster."""
         used, counted, holding, nodes, over = self._used, self._counted, self.holding, self.nodes, self._over
         marked = self._resized
         self._resized = set()

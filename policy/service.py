@@ -318,9 +318,14 @@ class PolicyCore:
         return state.totals()[0] - used
 
     def _count_again(self, job_id: str) -> None:
-        """What the job holds is counted again at the next `_count_free`."""
-        if self._recount is not None:
-            self._recount.add(job_id)
+        """What the job holds is counted again at the next `_count_free`. A core whose submissions never ask
+        (batching off, or only guarantees submitted) would gather every job it ever saw: past one more than twice
+        the jobs holding GPUs, every job is counted again instead, which costs no more."""
+        recount = self._recount
+        if recount is not None:
+            recount.add(job_id)
+            if len(recount) > 2 * len(self._holding) + 1:
+                self._recount = None
 
     def _pause(self, job_id: str, t: float) -> None:
         """A running job the round changes stops at `t` to restart: count its progress up to `t` and

@@ -637,6 +637,44 @@ def test_the_free_gpus_are_counted_over_every_job_after_events_folded_past_the_c
     assert core._count_free() == _free_over_every_job(core)
 
 
+def test_the_jobs_to_count_again_are_bounded_where_no_submission_asks():
+    """A core whose submissions ask for the free GPUs no more (batching off here, after one count) marks every job an
+    event is about to be counted again: past one more than twice the jobs holding GPUs the marks are dropped and every
+    job is counted at the next ask, which still gives what a count over every open job does."""
+    oracle, models = from_modeler(MODELER)
+    core = make_policy("rubick", oracle=oracle, models=models, batch_s=0.0)
+    t = 0.0
+    for i in range(2):
+        t += 1.0
+        core.handle(make("node.registered", node(f"n{i}"), time=t, id=f"n-{i}", source="test"))
+    assert core._count_free() == 16 and core._recount == set()
+    most, dropped = 0, 0
+    for i in range(80):
+        t += 1.0
+        spec = models["vit"].spec
+        core.handle(make("job.submitted", job(f"j{i:02d}", "vit", spec.global_batch_size, Plan(dp=1), 1), time=t,
+                         id=f"s-{i}", source="test"))
+        starting = sorted(j for j in core._holding if core.state.jobs[j].status != "running")
+        for job_id in starting:  # the agents start what was decided
+            st = core.state.jobs[job_id]
+            t += 1.0
+            core.handle(make("job.started", JobStarted(job_id=job_id, allocation=st.decided_allocation,
+                                                       plan=st.decided_plan), time=t, id=f"st-{job_id}",
+                             source="test"))
+        if i % 2 and core._holding:  # and one in two ends
+            done = min(core._holding)
+            t += 1.0
+            core.handle(make("job.completed", JobCompleted(job_id=done, iterations=10**5), time=t, id=f"c-{i}",
+                             source="test"))
+        if core._recount is not None:
+            most = max(most, len(core._recount))
+            assert len(core._recount) <= 2 * len(core._holding) + 1
+        else:
+            dropped += 1
+    assert most >= 3 and dropped  # marks were gathered, then dropped
+    assert core._count_free() == _free_over_every_job(core)
+
+
 @pytest.mark.parametrize("seed", [1, 4])
 def test_the_free_gpus_counted_again_after_every_event_are_those_of_every_job(monkeypatch, seed):
     """`_count_free` asked after every event a core handles (submissions, completions, preemptions, decisions,
