@@ -269,13 +269,11 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             to_make.append((-inp.priority, inp.order, job_id, inp, record))
         self._refits = refits
         to_make.sort()  # ids are unique: no comparison reaches the input
-        if self.hold_backoff_s > 0:  # a sleeper runs on nothing: none is held
-            backoff = self._backoff  # asked only where it is more than 1 (two changes or more in its window)
-            self.held = {inp.job_id for _, _, _, inp, _ in to_make if inp.running and inp.current
-                         and inp.changed_s < (hold * backoff(inp) if inp.recent_changes > 1 else hold)}
-        else:  # the same hold for every job
-            self.held = {inp.job_id for _, _, _, inp, _ in to_make
-                         if inp.running and inp.current and inp.changed_s < hold}
+        # a sleeper runs on nothing: none is held. `_backoff` is asked only where it may be more than 1 (a window, and
+        # two changes or more in it), as `_keep_dormant` asks it
+        backoff, backoff_of = self.hold_backoff_s > 0, self._backoff
+        self.held = {inp.job_id for _, _, _, inp, _ in to_make if inp.running and inp.current
+                     and inp.changed_s < (hold * backoff_of(inp) if backoff and inp.recent_changes > 1 else hold)}
         self.held.update(self._dormant)  # held, as `_keep_dormant` found
         unplain = list(self._unplain.values())
         """sleepers whose last outcome is not the plain one (`_Job.idle_plain`): their outcomes are made again"""
