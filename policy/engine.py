@@ -217,8 +217,12 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         refits = refits() if refits is not None else None
         """what the oracle says of its models' versions (None: it does not say): while it is the same as at the last
         round, no kind's memo key (`_version`) changed, and the sleepers' kinds need no look"""
+        self._forwarded: list[str] = []
+        """the resting jobs whose inputs this round asked for (`_bring_forward`)"""
         if whole:
             # every input looked at: this round's records, sleepers and memos made again whole
+            if self.resting:
+                self._bring_forward(list(self.resting))
             self._dormant, self._roused = {}, []
             given = jobs.values() if type(jobs) is dict else jobs
             prepared, self._prepared = getattr(self, "_prepared", {}), {}
@@ -299,7 +303,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._kept = 0
         self._failed = {}
         self._scans, self._orders = {}, {}
-        sleepers, at, held, why = self._sleepers, 0, self.held, self.why
+        sleepers, at, held, why, resting = self._sleepers, 0, self.held, self.why, self.resting
         for key in queue:  # merged with the sleepers' keys, in the order one sort of all would give
             if at < len(sleepers) and sleepers[at] < key:
                 at = self._wake(at, key)
@@ -312,6 +316,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                         self.held_back = True  # it could have grown
                         why[job.id] = "held"
                     continue
+                if resting and job.id in resting:  # a dormant record a guarantee shrank: tried, it reads its clock
+                    self._bring_forward((job.id,))
                 self._schedule_job(job)
         self._wake(at, None)
         self._failed = None
@@ -329,6 +335,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             quiet = j.quiet
             if j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet):
                 j.quiet = None  # finished: worked out again at the round's end (`_fall_dormant`)
+                if j.id in resting:
+                    self._bring_forward((j.id,))
                 if (o := finish(j)) is not j.given:
                     j.given = o
                     out.append(o)
@@ -531,6 +539,14 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         if self.hold_backoff_s <= 0 or inp.recent_changes <= 1:
             return 1.0
         return float(min(MAX_HOLD_FACTOR, 2 ** (inp.recent_changes - 1)))
+
+    def rest_hold(self, recent_changes: int) -> float:
+        """The hold of a running job with `recent_changes` changes within `hold_backoff_s` (`JobIn.recent_changes`):
+        while its seconds since its last change are under it, a round holds it."""
+        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        if self.hold_backoff_s <= 0 or recent_changes <= 1:
+            return hold
+        return hold * float(min(MAX_HOLD_FACTOR, 2 ** (recent_changes - 1)))
 
     def _ratio(self, inp: JobIn) -> int:
         if inp.requested_cpus > 0:

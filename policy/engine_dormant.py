@@ -15,9 +15,17 @@ it is still held, and the kept placement and index list it as it is. A round the
 it places and indexes the jobs awake (it is in the kept placement and index already), but counts it among the jobs held,
 gives its queue key its turn, and finishes it. Where the placement or the index is made whole, or slopes that are not
 numbers make the index one job at a time, the dormant records are woken first (`_wake_dormant`): among the jobs awake
-in the order those were made, as `_prepare` would have carried them."""
+in the order those were made, as `_prepare` would have carried them.
+
+A caller that keeps the inputs between rounds (`PolicyCore`) may leave some dormant records' inputs as an earlier round
+left them (`resting`): the fields that follow the clock are not brought forward while the round's time is surely
+under the hold since their last change. A round reads none of those fields of a resting record before it asks the
+caller for them (`bring_forward`): where it makes the record again, wakes it, tries it or finishes it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from typing import ClassVar
 
 from .engine_guarantees import _made_order
 from .records import _Job
@@ -26,31 +34,60 @@ from .records import _Job
 class _Dormant:
     """Part of `RubickEngine`: its dormant records (it reads the round's state the engine keeps)."""
 
+    resting: ClassVar[Collection[str]] = frozenset()
+    """ids of dormant records whose inputs the caller did not bring forward for this round: their fields that follow
+    the clock (`remaining_iters`, `elapsed_s`, `changed_s`, `recent_changes`, `ref_iter_s`) are as an earlier round
+    set them, and the caller promises that each job's seconds since its last change are under its hold (`rest_hold`
+    of its changes within `hold_backoff_s`, as they are at the round's time). Set by the caller before a round, with
+    `bring_forward`."""
+    bring_forward: ClassVar[Callable[[list[str]], None] | None] = None
+    """the caller's: brings forward the inputs of the resting jobs named, and takes them out of `resting`"""
+    fell_dormant: ClassVar[list[str]] = []
+    """after a round: the jobs whose records fell dormant in it, or were dormant and had their inputs brought forward
+    (the caller may let their inputs rest); never written, only replaced"""
+
+    def is_dormant(self, job_id: str) -> bool:
+        """Whether the job's record is dormant after the last round."""
+        return job_id in getattr(self, "_dormant", ())
+
+    def _bring_forward(self, ids: Iterable[str]) -> None:
+        """Before a round reads the fields that follow the clock of these jobs: those resting, brought forward."""
+        resting = self.resting
+        ask = [job_id for job_id in ids if job_id in resting]
+        if ask:
+            self.bring_forward(ask)
+            self._forwarded += ask
+
     def _keep_dormant(self, ids: set[str], jobs, hold: float) -> None:
         """At a round told which inputs changed, before its records are made: the last round's dormant records that
         stay so (`_dormant`); the others are added to `ids`, to be made again."""
-        ids.update(getattr(self, "_roused", ()))
+        ids.update(getattr(self, "_roused", ()))  # each written by the last round, which asked for its input
         dormant = getattr(self, "_dormant", None)
+        resting = self.resting
         if not dormant:
             self._dormant = {}
             return
         place, index = getattr(self, "_place_base", None), getattr(self, "_index_base", None)
         if place is None or index is None:
             ids.update(dormant)
+            self._bring_forward(dormant)
             self._dormant = {}
             return
         rows, dkey, listed_held = place.rows, index.dkey, index.held
         backoff = self.hold_backoff_s > 0
         versions, version_of, backoff_of = self._versions, self._version, self._backoff
         kept: dict[str, _Job] = {}
+        woke: list[str] = []
         for job_id, job in dormant.items():
             inp = job.inp
             key = job.index_key
             # `_version` and `_backoff` read inline where they answer at once (a kind asked this round, a job changed
-            # at most once within the window): 36 dormant records a round on the 10x trace
+            # at most once within the window): 36 dormant records a round on the 10x trace. A resting job is held, as
+            # the caller promises (its `changed_s` is not brought forward)
             if (job_id not in ids and jobs.get(job_id) is inp and inp.running and inp.current
                     and (versions.get(id(inp.kind)) or version_of(inp.kind)) is job.version
-                    and inp.changed_s < (hold * backoff_of(inp) if backoff and inp.recent_changes > 1 else hold)
+                    and (job_id in resting
+                         or inp.changed_s < (hold * backoff_of(inp) if backoff and inp.recent_changes > 1 else hold))
                     and job.current_rows[0] is inp.current and job.current_rows[1] is inp.current_mem
                     and rows.get(job_id) is job.current_rows[2]
                     and (dkey.get(job_id) is key and job_id in listed_held if key is not None
@@ -58,6 +95,10 @@ class _Dormant:
                 kept[job_id] = job
             else:
                 ids.add(job_id)
+                if job_id in resting:
+                    woke.append(job_id)
+        if woke:
+            self._bring_forward(woke)
         self._dormant = kept
 
     def _wake_dormant(self) -> None:
@@ -65,6 +106,7 @@ class _Dormant:
         what `_prepare` would have made of them (carried over)."""
         dormant = self._dormant
         if dormant:
+            self._bring_forward(dormant)
             self._awake.extend(dormant.values())
             self._awake.sort(key=_made_order)
             self._dormant = {}
@@ -76,6 +118,7 @@ class _Dormant:
         held, was = self.held, self._dormant
         dormant: dict[str, _Job] = {}
         roused: list[str] = []  # dormant this round, made again by the next (they are not among the jobs awake)
+        fell: list[str] = []
         for group in (self._awake, was.values()):
             for job in group:
                 if (job.carried and not job.touched and job.g and job.g >= job.min_g and job.id in held
@@ -83,11 +126,14 @@ class _Dormant:
                         and not job.detail and job.whole and job.placed is not None
                         and job.current_rows is not None and job.version is not None):
                     dormant[job.id] = job
+                    if group is self._awake:
+                        fell.append(job.id)
                     if job.quiet is None:  # else worked out as it was last finished, and nothing written since
                         job.quiet = self._quiet(job)
                 elif group is not self._awake:
                     roused.append(job.id)
-        self._dormant, self._roused = dormant, roused
+        fell += [job_id for job_id in self._forwarded if job_id in dormant]
+        self._dormant, self._roused, self.fell_dormant = dormant, roused, fell
 
     def _quiet(self, job: _Job) -> bool | str | None:
         """What `_finish` reads of a record holding GPUs, as it was just finished, while nothing writes it and it is

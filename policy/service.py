@@ -24,6 +24,7 @@ every `plan.decided` byte for byte.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
@@ -161,6 +162,18 @@ class PolicyCore:
     engine's `hold_backoff_s`. Their seconds since submission and since their last change are brought forward, the
     rest stays as the round that listed them brought it (only an event about the job changes it, which lists it again,
     or a measured iteration, which hands it back to `_moving`)"""
+    _resting: dict = field(default_factory=dict, repr=False)
+    """job -> (its input in `_listed`, its state, the time its hold surely lasts to) for running jobs the engine keeps
+    dormant (`RubickEngine.fell_dormant`), taken out of `_moving`: their inputs are not brought forward while a round's
+    time is under that (the engine reads none of their fields that follow the clock before it asks, `_wake_resting`).
+    An event about the job, or that time passed, hands it back to `_moving`"""
+    _rest_ends: list = field(default_factory=list, repr=False)
+    """(the time its hold surely lasts to, job) of each entry put in `_resting`, a heap; entries no longer there (or
+    put there again since) are passed over"""
+    _rested: list = field(default_factory=list, repr=False)
+    """the jobs whose rest ended at the round under way (`_rest_over`): they rest again after it if still dormant"""
+    _round_t: float = 0.0
+    """the time of the round under way: `_wake_resting` brings inputs forward to it"""
     _folded: int = field(default=-1, repr=False)
     """the state's count of events applied (`ClusterState.events`) after the core's own last one: a count that
     differs means events applied to the state past `handle` (a benchmark timing rounds alone does), which `_stale`
@@ -269,7 +282,7 @@ class PolicyCore:
     def _drop(self, job_id: str) -> None:
         """Forget what the core keeps of a job that is over."""
         for table in (self.last, self.changed_at, self.changes, self.ref_iter, self.progress, self._shapes,
-                      self._job_kinds, self._kept_in):
+                      self._job_kinds, self._kept_in, self._resting):
             table.pop(job_id, None)
         self._holding.discard(job_id)
 
@@ -509,8 +522,10 @@ class PolicyCore:
         and brings forward those that move with the clock (`_moving`). The same inputs as `_inputs` makes of every
         open job, in another order (the engine orders them itself)."""
         listed, moving, still, kept, states = self._listed, self._moving, self._still, self._kept_in, self.state.jobs
+        resting = self._resting
         if listed is None or self.state.events != self._folded:
             listed, moving, still = self._listed, self._moving, self._still = {}, {}, {}
+            self._rest_ends.clear()  # every open job is made again below, and leaves `_resting`
             self._folded = self.state.events
             stale = [js.job_id for js in self.state.open_in(*SCHEDULED)]
             self._touched = None
@@ -534,6 +549,7 @@ class PolicyCore:
                 else:
                     self._stale.add(job_id)  # not kept: made again every round
             still.pop(job_id, None)
+            resting.pop(job_id, None)
             if inp is None:  # over, or no model: not handed over
                 listed.pop(job_id, None)
                 moving.pop(job_id, None)
@@ -544,6 +560,8 @@ class PolicyCore:
                 fresh.append(job_id)
             else:
                 moving.pop(job_id, None)
+        if resting:
+            self._rest_over(t)
         self._forward(moving.values(), t)  # those made just now a second time: `_forward` gives the same again
         if still:
             ticking, inf = self.tick_period_s > 0, math.inf
@@ -560,6 +578,69 @@ class PolicyCore:
                     still[job_id] = (inp, js.submitted_at, changed_at.get(job_id, -math.inf), js)
         return listed
 
+    def _rest_over(self, t: float) -> None:
+        """Before a round at `t`: the resting jobs whose hold may end by `t` handed back to `_moving`, to be brought
+        forward."""
+        resting, moving, ends = self._resting, self._moving, self._rest_ends
+        over = self._rested = []
+        while ends and ends[0][0] <= t:
+            end, job_id = heapq.heappop(ends)
+            entry = resting.get(job_id)
+            if entry is not None and entry[2] == end:
+                del resting[job_id]
+                moving[job_id] = (entry[0], entry[1])
+                over.append(job_id)
+
+    def _wake_resting(self, ids: list[str]) -> None:
+        """The engine's `bring_forward`: the inputs of these resting jobs brought forward to the round's time, and
+        handed back to `_moving`."""
+        resting, moving, pairs = self._resting, self._moving, []
+        for job_id in ids:
+            entry = resting.pop(job_id, None)
+            if entry is not None:
+                pair = moving[job_id] = (entry[0], entry[1])
+                pairs.append(pair)
+        self._forward(pairs, self._round_t)
+
+    def _rest(self, t: float) -> None:
+        """After a round at `t`: the jobs the engine made dormant (`RubickEngine.fell_dormant`), and those whose rest
+        ended at this round and are still dormant, rest while the clock is surely under their hold since their last
+        change. Their changes within `hold_backoff_s` (`JobIn.recent_changes`) stay as many until the oldest leaves the
+        window; so they rest until the earlier of their last change and the hold of that many
+        (`RubickEngine.rest_hold`), and the oldest's leaving, less a margin far over the rounding of what `_forward`
+        would work out."""
+        engine = self.engine
+        fell = engine.fell_dormant
+        over = self._rested
+        if over:
+            fell = fell + [job_id for job_id in over if engine.is_dormant(job_id)]
+            self._rested = []
+        if self.tick_period_s <= 0 or not fell:  # without a tick no job is held (`_forward`: `changed_s` infinite)
+            return
+        moving, resting, ends, stale, changed_at = self._moving, self._resting, self._rest_ends, self._stale, \
+            self.changed_at
+        window = getattr(engine, "hold_backoff_s", 0.0)
+        changes, inf = self.changes, math.inf
+        for job_id in fell:
+            pair = moving.get(job_id)
+            at = changed_at.get(job_id)
+            if pair is None or at is None or job_id in stale or not -inf < at < inf:
+                continue
+            times = changes.get(job_id) if window > 0 else None
+            live = [x for x in times if t - x < window] if times else ()
+            hold = engine.rest_hold(len(live))
+            if not hold > 0:
+                continue
+            end = at + hold
+            if len(live) > 1 and min(live) + window < end:  # the oldest leaves the window first
+                end = min(live) + window
+            if end < inf:
+                end -= 1e-9 * (1.0 + abs(end) + hold + window)
+            if end > t:
+                del moving[job_id]
+                resting[job_id] = (pair[0], pair[1], end)
+                heapq.heappush(ends, (end, job_id))
+
     # --- a round -------------------------------------------------------------------------------
     def run_round(self, event: Event) -> list[Event]:
         self.dirty = False
@@ -573,6 +654,10 @@ class PolicyCore:
         nodes = self._caps[1]
         listed = not getattr(self.engine, "waiting_clock", True)
         jobs = self._listed_inputs(event.time) if listed else self._inputs(event.time)
+        rests = listed and hasattr(self.engine, "rest_hold")
+        if rests:  # the engine asks for the inputs of the resting jobs it reads
+            self._round_t = event.time
+            self.engine.resting, self.engine.bring_forward = self._resting, self._wake_resting
         changed_only = getattr(self.engine, "schedule_changed", None) if nodes and not self._unasked else None
         """an engine that leaves out the outcomes that are the same objects as last round's (`RubickEngine`); not
         after a round that did not ask the engine (no live node), whose pending reasons no outcome gave"""
@@ -621,6 +706,8 @@ class PolicyCore:
             if prev is not None and prev.shares:
                 self._pause(o.job_id, event.time)
             decisions.append(to_decision(o))
+        if rests and nodes:
+            self._rest(event.time)
         out = []
         if decisions:
             self.round += 1

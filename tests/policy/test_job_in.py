@@ -10,7 +10,7 @@ from controlplane.events import (ClockTick, JobStarted, MetricsIteration, ModelR
                                  JobSubmitted)
 from policy.engine import JobIn
 
-from .helpers import Clock, node
+from .helpers import UNREAD, Clock, node
 from .test_guarantees import core_for
 
 
@@ -70,7 +70,9 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     under a job a guarantee just took its GPUs from), every input the engine is handed equals, field by field, what
     `job_in` builds then; but the fields that follow the clock of a best-effort job holding nothing, which the engine
     says it does not read (`RubickEngine.waiting_clock`): the same input object is handed over with them as they
-    were."""
+    were. So are those of a running job the engine keeps dormant while its hold surely lasts (`PolicyCore._resting`):
+    the engine may not read them (they are made unreadable here) before it asks for them, and then they are what
+    `job_in` builds."""
     from controlplane.events import JobCompleted, JobPreempted, ModelUpdated, NodeLost
     from controlplane.events.payloads import JobControl, JobPriority
     from modeler.service import make_core
@@ -79,13 +81,29 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
 
     core = core_for("rubick", hold_s=None, hold_backoff_s=40.0)  # changes older than 40 s are forgotten
     c = Clock()
-    seen = {"rounds": 0, "inputs": 0, "again": 0, "changed_before": 0, "asleep": 0, "delta": 0}
+    seen = {"rounds": 0, "inputs": 0, "again": 0, "changed_before": 0, "asleep": 0, "delta": 0, "resting": 0,
+            "brought": 0}
     clock = {"remaining_iters", "elapsed_s", "changed_s", "recent_changes", "ref_iter_s"}
     assert core.engine.waiting_clock is False
     last: dict[str, object] = {}
     schedule = core.engine.schedule_changed  # what the service asks of an engine that has it
 
     handed: dict[str, object] = {}
+    wake = core._wake_resting
+
+    def as_built(inp, skip=()) -> None:
+        fresh = core.job_in(core.state.jobs[inp.job_id], c.t)
+        for f in dataclasses.fields(JobIn):
+            if f.name not in skip:
+                assert getattr(inp, f.name) == getattr(fresh, f.name), (inp.job_id, f.name)
+
+    def woken(ids):  # the engine asks for the inputs of resting jobs it reads: brought forward to the round's time
+        wake(ids)
+        for job_id in ids:
+            seen["brought"] += 1
+            as_built(handed[job_id])
+
+    core._wake_resting = woken
 
     def checked(nodes, jobs, touched=None):
         t = c.t
@@ -100,13 +118,19 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
             fresh = core.job_in(core.state.jobs[inp.job_id], t)
             asleep = not fresh.running and not fresh.guaranteed
             seen["asleep"] += asleep and last.get(inp.job_id) is inp
-            for f in dataclasses.fields(JobIn):
-                if asleep and f.name in clock:
-                    continue
-                assert getattr(inp, f.name) == getattr(fresh, f.name), (inp.job_id, f.name)
+            # a dormant job's input resting (`PolicyCore._resting`): held, as the engine is promised; the fields that
+            # follow the clock as an earlier round left them, and no one may read them before the engine asks
+            resting = inp.job_id in core._resting
+            if resting:
+                seen["resting"] += 1
+                assert fresh.running and fresh.current and fresh.changed_s < core.engine.rest_hold(fresh.recent_changes)
+            as_built(inp, clock if asleep or resting else ())
             seen["again"] += last.get(inp.job_id) is inp
-            seen["changed_before"] += inp.recent_changes > 0 and not inp.current
+            seen["changed_before"] += not resting and inp.recent_changes > 0 and not inp.current
             last[inp.job_id] = inp
+            if resting:
+                for name in clock:
+                    setattr(inp, name, UNREAD)
         seen["rounds"] += 1
         seen["inputs"] += len(jobs)
         return schedule(nodes, jobs, touched)
@@ -204,6 +228,7 @@ def test_a_round_hands_the_engine_what_job_in_builds_at_its_time():
     assert seen["changed_before"] > 0  # a waiting job that a decision changed before: its recent changes count
     assert seen["asleep"] >= 10  # waiting best-effort jobs handed over as they were
     assert seen["delta"] >= 10  # with the jobs whose inputs changed named
+    assert seen["resting"] > 0  # a dormant job's input rested, unread
     assert core.state.jobs[a].priority == 7 and core.state.jobs[b].status != "suspended"
     assert core.state.jobs[victim].iterations_done == 100
 

@@ -27,7 +27,7 @@ from policy.oracle import from_modeler
 from policy.plans import canonical
 from policy.registry import make_policy
 
-from .helpers import job, node
+from .helpers import CLOCK_FIELDS, UNREAD, job, node, resting_unread
 
 MODELER = make_core()
 KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert", 2, Plan(dp=2)),
@@ -38,15 +38,16 @@ KINDS = [("gpt2", 1, Plan(dp=1)), ("gpt2", 4, Plan(dp=4, zero_stage=2)), ("bert"
 def drive(seed: int, nodes: int = 12, jobs: int = 90, steps: int = 40, cpus: int = 96,
           mem_gb: float = 1600.0, owners: bool = False, short: bool = False,
           hold_s: float | None = None, policy: str = "rubick",
-          lengths: tuple[int, ...] | None = None, quota: int | None = None) -> tuple[list[bytes], object]:
+          lengths: tuple[int, ...] | None = None, quota: int | None = None,
+          backoff: float = 0.0) -> tuple[list[bytes], object]:
     """A core's answers to a random workload (`owners`: with waiting jobs cancelled and suspended now and then, and
     every node lost for a while; `short`: two jobs in three with few iterations, less than a restart takes at most speeds;
     `lengths`: the jobs' iterations, taken in turn (`short` and None: 100,000 each);
     `hold_s`: the policy's hold, None for its default; `policy`: which of the registry's; `quota`: each of the four
-    tenants' GPUs, an eighth of the cluster's where None)."""
+    tenants' GPUs, an eighth of the cluster's where None; `backoff`: the policy's `hold_backoff_s`)."""
     oracle, models = from_modeler(MODELER)
     quotas = {f"t{i}": nodes * 8 // 8 if quota is None else quota for i in range(4)}
-    core = make_policy(policy, oracle=oracle, models=models, quotas=quotas, hold_s=hold_s)
+    core = make_policy(policy, oracle=oracle, models=models, quotas=quotas, hold_s=hold_s, hold_backoff_s=backoff)
     rng = random.Random(seed)
     out: list[bytes] = []
     clock = {"t": 0.0, "n": 0}
@@ -249,6 +250,7 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     monkeypatch.setattr(engine_mod.RubickEngine, "_privileged", privileged)
     monkeypatch.setattr(engine_mod.RubickEngine, "_keep_guarantees", keep)
     monkeypatch.setattr(engine_mod.RubickEngine, "_sort_by_slope", sort)
+    resting_unread(monkeypatch, calls)  # the dormant jobs' inputs resting are not read before they are asked for
     with_memos, core = drive(seed, owners=True)
     memo_calls, held, orders, attempts = calls["candidates"], calls["held"], calls["orders"], calls["attempts"]
 
@@ -291,7 +293,43 @@ def test_the_memos_change_no_decision(monkeypatch, seed):
     assert calls["quiet_kept"] > 50  # most not even finished: carried over as they were when last finished
     assert calls["meets_kept"] > 10  # and running guarantees carried over whether they keep their guarantee
     assert calls["running_left_out"] > 100  # which the round left out: the service has them
+    assert calls["rested"] > 100  # the inputs of dormant jobs rested, not brought forward
+    assert calls["brought"] > 0  # until the engine asked for them
     assert with_memos == without
+
+
+@pytest.mark.parametrize("backoff", [0.0, 3600.0, 200.0])
+def test_a_dormant_jobs_input_rests_only_while_its_hold_surely_lasts(monkeypatch, backoff):
+    """The input of a running job the engine keeps dormant is not brought forward while its hold surely lasts
+    (`PolicyCore._resting`): at every round, each resting job is held at the round's time as its changes say (the
+    seconds since its last change under `rest_hold` of its changes within the back-off window, the promise the engine
+    leaves their clock fields unread by), and the engine reads none of them before it asks (they are made unreadable).
+    With a back-off window, jobs changed again and again rest past the plain hold. The core publishes the bytes a core
+    whose inputs never rest publishes."""
+    from policy.service import PolicyCore
+
+    seen = Counter()
+    real_listed = PolicyCore._listed_inputs
+
+    def listed(self, t):
+        out = real_listed(self, t)
+        engine, window = self.engine, self.engine.hold_backoff_s
+        for job_id in self._resting:
+            since = t - self.changed_at[job_id]
+            recent = len([x for x in self.changes.get(job_id, ()) if t - x < window]) if window > 0 else 0
+            assert since < engine.rest_hold(recent), (job_id, t)  # held, as the engine is promised
+            seen["past_plain"] += since >= engine.rest_hold(0)  # held only by its back-off
+        seen["rounds"] += bool(self._resting)
+        return out
+
+    monkeypatch.setattr(PolicyCore, "_listed_inputs", listed)
+    resting_unread(monkeypatch, seen)
+    rested, _ = drive(3, owners=True, steps=60, backoff=backoff)
+    assert seen["rounds"] > 20 and seen["rested"] > 100 and seen["brought"] > 0
+    assert seen["past_plain"] > 0 if backoff else seen["past_plain"] == 0
+    monkeypatch.setattr(PolicyCore, "_rest", lambda self, t: None)  # no input rests
+    plain, _ = drive(3, owners=True, steps=60, backoff=backoff)
+    assert rested == plain
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -960,14 +998,53 @@ def test_what_a_guarantee_asleep_outside_its_quota_asks_is_kept_only_while_the_c
     assert engine.jobs["w"].want_g == want and not round_at(hi + 2.0)
 
 
-def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_guarantee_would_make_it_otherwise():
+class _Resting:
+    """A caller that lets the inputs of dormant records rest (`RubickEngine.resting`), as far as it may: before a
+    round, every dormant record whose input is the last round's and still held has its clock fields made unreadable;
+    they are given back when the engine asks (`bring_forward`), and after the round."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.kept, self.brought = engine, {}, 0
+        engine.resting, engine.bring_forward = self.kept, self.give
+
+    def rest(self, jobs: dict, touched) -> None:
+        engine = self.engine
+        for job_id, job in getattr(engine, "_dormant", {}).items():
+            inp = jobs.get(job_id)
+            if (inp is job.inp and job_id not in (touched or ())
+                    and inp.changed_s < engine.rest_hold(inp.recent_changes)):
+                self.kept[job_id] = (inp, {name: getattr(inp, name) for name in CLOCK_FIELDS})
+                for name in CLOCK_FIELDS:
+                    setattr(inp, name, UNREAD)
+
+    def give(self, ids) -> None:
+        for job_id in ids:
+            inp, values = self.kept.pop(job_id)
+            for name, value in values.items():
+                setattr(inp, name, value)
+            self.brought += 1
+
+    def end(self) -> None:
+        """After a round that ran to its end: those still resting are dormant, not awake (the round asked for every
+        one it woke, tried, wrote or finished); all given back."""
+        engine, awake = self.engine, {j.id for j in self.engine._awake}
+        assert all(engine.is_dormant(job_id) and job_id not in awake for job_id in self.kept)
+        brought = self.brought
+        self.give(list(self.kept))
+        self.brought = brought
+
+
+@pytest.mark.parametrize("rest", [False, True])
+def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_guarantee_would_make_it_otherwise(rest):
     """A running best-effort job held by the restart rule that a round carried over and left as it found it is left
     dormant by the next rounds (not made, placed or indexed again; its queue turn and outcome still given), and made
     again as soon as anything it is made of could differ: its hold ends (the clock), its input is another (a decision),
     a guarantee under its minimum takes GPUs from it, the nodes change. Round by round, every outcome is a fresh
-    engine's, handed every input, and a dormant job's pending reason follows the free GPUs at its turn."""
+    engine's, handed every input, and a dormant job's pending reason follows the free GPUs at its turn. `rest`: the
+    dormant records' inputs rest (`_Resting`), and the engine asks for each before it reads it."""
     oracle, models = from_modeler(MODELER)
     engine = make_policy("rubick", oracle=oracle, models=models, quotas={"t0": 16, "t1": 16}).engine
+    resting = _Resting(engine) if rest else None
     kind = engine_mod.JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
     nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0), engine_mod.NodeCap("n1", 8, 96, 1600.0)]
 
@@ -979,7 +1056,13 @@ def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_g
     jobs = {"a": running("a", 0, "n0", 4), "h": running("h", 1, "n1", 8)}
 
     def round_of(touched, nodes=nodes):
-        out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        if resting is not None:
+            resting.rest(jobs, touched)
+        try:
+            out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, touched)}
+        finally:
+            if resting is not None:
+                resting.end()
         _as_fresh(engine, oracle, models, nodes, jobs, out)
         return set(engine._dormant), {j.id for j in engine._awake}, out
 
@@ -1017,6 +1100,7 @@ def test_a_held_running_job_sleeps_dormant_until_its_input_hold_placement_or_a_g
     more = [*nodes, engine_mod.NodeCap("n2", 8, 96, 1600.0)]
     dormant, awake, _ = round_of(set(), more)  # the nodes changed: every job placed again, the dormant ones woken
     assert before <= awake
+    assert resting is None or resting.brought >= 3  # taken from, woken: asked for
 
 
 def test_a_running_guarantee_is_carried_over_while_it_asks_what_it_asked(monkeypatch):
@@ -1192,11 +1276,14 @@ def test_a_round_told_which_inputs_changed_looks_at_the_sleepers_of_a_refitted_k
         engine_mod.RubickEngine._fall_asleep, engine_mod.RubickEngine._prepare = real_fall, real_prepare
 
 
-def test_a_round_cut_short_makes_the_next_look_at_every_input():
+@pytest.mark.parametrize("rest", [False, True])
+def test_a_round_cut_short_makes_the_next_look_at_every_input(rest):
     """A round that ends in an error leaves its sleepers and dormant records half looked at: the next round, though
-    told which inputs changed, looks at every one, and its outcomes are a fresh engine's."""
+    told which inputs changed, looks at every one, and its outcomes are a fresh engine's. `rest`: the dormant record's
+    input rests (`_Resting`) through both rounds, and the next round asks for it before it reads it."""
     oracle, models = from_modeler(MODELER)
     engine = make_policy("rubick", oracle=oracle, models=models).engine
+    resting = _Resting(engine) if rest else None
     nodes = [engine_mod.NodeCap("n0", 8, 96, 1600.0)]
     bert = engine_mod.JobKind(models["bert"], models["bert"].spec.global_batch_size)
     holder = engine_mod.JobIn("holder", "t0", False, bert, 0, 8, 32, Plan(dp=8), current={"n0": (8, 32)},
@@ -1214,12 +1301,18 @@ def test_a_round_cut_short_makes_the_next_look_at_every_input():
         raise RuntimeError("cut short")
 
     engine_mod.RubickEngine._place_current = broken
+    if resting is not None:
+        resting.rest(jobs, {"w0"})
     try:
         with pytest.raises(RuntimeError):
             engine.schedule_changed(nodes, jobs, {"w0"})
     finally:
         engine_mod.RubickEngine._place_current = real
+    if resting is not None:
+        assert resting.kept.keys() == {"holder"}  # still resting: the next round is told nothing of it
     out = {o.job_id: o for o in engine.schedule_changed(nodes, jobs, set())}  # nothing changed since
+    if resting is not None:
+        assert not resting.kept and resting.brought == 1
     fresh = make_policy("rubick", oracle=oracle, models=models).engine.schedule(nodes, list(jobs.values()))
     facts = lambda o: (o.job_id, o.shares, o.plan, o.throughput, o.reason, o.detail, o.pending)  # noqa: E731
     assert [facts(out.get(o.job_id, engine.outcome_of(o.job_id))) for o in fresh] == list(map(facts, fresh))
