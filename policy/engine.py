@@ -242,12 +242,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                     ids.add(job.id)
             for job in getattr(self, "_woken_last", ()):
                 ids.add(job.id)
-            if refits is None or refits != getattr(self, "_refits", None):  # a model refitted since the last round
+            refitted = refits is None or refits != getattr(self, "_refits", None)
+            if refitted:  # a model refitted since the last round
                 for kid, (kind, version, members) in list(self._sleep_kinds.items()):
                     if self._version(kind) is not version:  # refitted: its sleepers are made again
                         ids.update(members)
                         del self._sleep_kinds[kid]
-            self._keep_dormant(ids, jobs, hold)  # the others are made again
+            self._keep_dormant(ids, jobs, hold, refitted)  # the others are made again
             prior = {job_id for job_id in ids if job_id in was}
             for job_id in prior:
                 self._fall_awake(was[job_id])
@@ -322,6 +323,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._wake(at, None)
         self._failed = None
         finish, quiet_of, out, why = self._finish, self._quiet, [], self.why
+        self._finished_dormant: list[_Job] = []
+        """the dormant records this round finished: `_fall_dormant` looks at them again"""
         for j in self._awake:  # an outcome the last round gave again is left out: the service has it
             quiet = j.quiet
             if (quiet is not None and j.carried and not j.touched and not j.reason and not j.forced
@@ -335,6 +338,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             quiet = j.quiet
             if j.touched or quiet is None or (quiet is not True and why.get(j.id, "no-gpus") != quiet):
                 j.quiet = None  # finished: worked out again at the round's end (`_fall_dormant`)
+                self._finished_dormant.append(j)
                 if j.id in resting:
                     self._bring_forward((j.id,))
                 if (o := finish(j)) is not j.given:

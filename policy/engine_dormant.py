@@ -58,9 +58,16 @@ class _Dormant:
             self.bring_forward(ask)
             self._forwarded += ask
 
-    def _keep_dormant(self, ids: set[str], jobs, hold: float) -> None:
+    def _keep_dormant(self, ids: set[str], jobs, hold: float, refitted: bool) -> None:
         """At a round told which inputs changed, before its records are made: the last round's dormant records that
-        stay so (`_dormant`); the others are added to `ids`, to be made again."""
+        stay so (`_dormant`); the others are added to `ids`, to be made again. `refitted`: a model may have been
+        refitted since the last round (every dormant record's model version is read).
+
+        A record dormant through the last round too (not one that fell dormant at its end, `_fresh_dormant`) is listed
+        by the kept placement and index as that round found it: a round leaves a dormant record's rows and key where
+        they are (`_patch_placement`, `_patch_base`; an index made whole lists its key, a placement made whole wakes
+        it). Where its input also rests (the caller promises it is the same object and held) and no model was
+        refitted, only whether a round was told of it is left to look at."""
         ids.update(getattr(self, "_roused", ()))  # each written by the last round, which asked for its input
         dormant = getattr(self, "_dormant", None)
         resting = self.resting
@@ -76,15 +83,20 @@ class _Dormant:
         rows, dkey, listed_held = place.rows, index.dkey, index.held
         backoff = self.hold_backoff_s > 0
         versions, version_of, backoff_of = self._versions, self._version, self._backoff
-        kept: dict[str, _Job] = {}
+        fresh = () if refitted else self._fresh_dormant
         woke: list[str] = []
         for job_id, job in dormant.items():
+            if job_id in ids:
+                woke.append(job_id)
+                continue
+            if job_id in resting and not refitted and job_id not in fresh:
+                continue  # as the last round kept it
             inp = job.inp
             key = job.index_key
             # `_version` and `_backoff` read inline where they answer at once (a kind asked this round, a job changed
             # at most once within the window): 36 dormant records a round on the 10x trace. A resting job is held, as
             # the caller promises (its `changed_s` is not brought forward)
-            if (job_id not in ids and jobs.get(job_id) is inp and inp.running and inp.current
+            if not (jobs.get(job_id) is inp and inp.running and inp.current
                     and (versions.get(id(inp.kind)) or version_of(inp.kind)) is job.version
                     and (job_id in resting
                          or inp.changed_s < (hold * backoff_of(inp) if backoff and inp.recent_changes > 1 else hold))
@@ -92,14 +104,13 @@ class _Dormant:
                     and rows.get(job_id) is job.current_rows[2]
                     and (dkey.get(job_id) is key and job_id in listed_held if key is not None
                          else job_id not in dkey)):
-                kept[job_id] = job
-            else:
                 ids.add(job_id)
-                if job_id in resting:
-                    woke.append(job_id)
+                woke.append(job_id)
         if woke:
+            for job_id in woke:
+                del dormant[job_id]  # the others keep their order
             self._bring_forward(woke)
-        self._dormant = kept
+        self._dormant = dormant
 
     def _wake_dormant(self) -> None:
         """The dormant records made jobs awake for the rest of the round, in the order the jobs awake were made in:
@@ -114,24 +125,28 @@ class _Dormant:
     def _fall_dormant(self) -> None:
         """At a round's end: the records the next round may leave dormant. Those carried over (or dormant) and left as
         found, best-effort, held, placed whole on GPUs at or over their minimum: the next round's `_prepare` would carry
-        each over again while its input, model and hold are the same (`_keep_dormant` checks those)."""
-        held, was = self.held, self._dormant
-        dormant: dict[str, _Job] = {}
+        each over again while its input, model and hold are the same (`_keep_dormant` checks those).
+
+        A dormant record the round did not finish was not written (every record an attempt writes is `touched`, and
+        finished): it stays dormant as it is. Those it finished are looked at again, and the jobs awake."""
+        held, dormant = self.held, self._dormant
         roused: list[str] = []  # dormant this round, made again by the next (they are not among the jobs awake)
         fell: list[str] = []
-        for group in (self._awake, was.values()):
+        for group in (self._finished_dormant, self._awake):
             for job in group:
                 if (job.carried and not job.touched and job.g and job.g >= job.min_g and job.id in held
                         and not job.inp.guaranteed and not job.privileged and not job.forced and not job.reason
                         and not job.detail and job.whole and job.placed is not None
                         and job.current_rows is not None and job.version is not None):
-                    dormant[job.id] = job
                     if group is self._awake:
+                        dormant[job.id] = job
                         fell.append(job.id)
                     if job.quiet is None:  # else worked out as it was last finished, and nothing written since
                         job.quiet = self._quiet(job)
                 elif group is not self._awake:
+                    del dormant[job.id]
                     roused.append(job.id)
+        self._fresh_dormant = set(fell)
         fell += [job_id for job_id in self._forwarded if job_id in dormant]
         self._dormant, self._roused, self.fell_dormant = dormant, roused, fell
 

@@ -332,6 +332,62 @@ def test_a_dormant_jobs_input_rests_only_while_its_hold_surely_lasts(monkeypatch
     assert rested == plain
 
 
+def _qualifies(engine, job) -> bool:
+    """`_fall_dormant`'s test of a record, written out: it may be left dormant by the next round."""
+    return bool(job.carried and not job.touched and job.g and job.g >= job.min_g and job.id in engine.held
+                and not job.inp.guaranteed and not job.privileged and not job.forced and not job.reason
+                and not job.detail and job.whole and job.placed is not None and job.current_rows is not None
+                and job.version is not None)
+
+
+def _stays(engine, job_id, job, ids, jobs, hold, resting) -> bool:
+    """`_keep_dormant`'s test of every part of a dormant record, written out (a resting input is held, as promised)."""
+    inp, key, index = job.inp, job.index_key, engine._index_base
+    return (job_id not in ids and jobs.get(job_id) is inp and inp.running and bool(inp.current)
+            and engine._version(inp.kind) is job.version
+            and (job_id in resting or inp.changed_s < hold * engine._backoff(inp))
+            and job.current_rows[0] is inp.current and job.current_rows[1] is inp.current_mem
+            and engine._place_base.rows.get(job_id) is job.current_rows[2]
+            and (index.dkey.get(job_id) is key and job_id in index.held if key is not None
+                 else job_id not in index.dkey))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_dormant_records_kept_and_made_are_those_a_look_at_every_part_finds(monkeypatch, seed):
+    """`_keep_dormant` looks only at whether a round was told of a record dormant through the last round whose input
+    rests (no model refitted), and `_fall_dormant` only at the dormant records the round finished and the jobs awake.
+    At every round of a busy drive (holds with a back-off, completions, preemptions, every node lost for a while, a
+    refit), the records they keep and make dormant are those a look at every part of every record finds."""
+    real_keep, real_fall = engine_mod.RubickEngine._keep_dormant, engine_mod.RubickEngine._fall_dormant
+    seen = Counter()
+
+    def keep(self, ids, jobs, hold, refitted):
+        before = dict(getattr(self, "_dormant", None) or {})
+        told = set(ids) | set(getattr(self, "_roused", ()))
+        if before and self._place_base is not None and self._index_base is not None:
+            resting = set(self.resting)
+            expect = {j for j, job in before.items() if _stays(self, j, job, told, jobs, hold, resting)}
+            seen["quick"] += sum(1 for j in before if j in resting and j not in told and not refitted
+                                 and j not in self._fresh_dormant)
+        else:
+            expect = set()
+        real_keep(self, ids, jobs, hold, refitted)
+        assert set(self._dormant) == expect
+        seen["kept"] += len(expect)
+
+    def fall(self):
+        candidates = [*self._awake, *self._dormant.values()]
+        real_fall(self)
+        assert set(self._dormant) == {job.id for job in candidates if _qualifies(self, job)}
+        seen["finished"] += len(self._finished_dormant)
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_keep_dormant", keep)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_fall_dormant", fall)
+    resting_unread(monkeypatch, seen)
+    drive(seed, owners=True, steps=60, backoff=3600.0)
+    assert seen["kept"] > 200 and seen["quick"] > 100 and seen["finished"] > 0, seen
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_whether_a_guarantee_keeps_with_a_gpu_less_is_shared_only_where_it_is_the_same(monkeypatch, seed):
     """`_keeps_guarantee` keeps its answers for the round under what they depend on, shared by the jobs they are the
@@ -2055,11 +2111,11 @@ def test_a_dormant_record_made_again_with_the_key_listed_stays_dormant(monkeypat
     real = engine_mod.RubickEngine._keep_dormant
     counts = Counter()
 
-    def checked(self, ids, jobs, hold):
+    def checked(self, ids, jobs, hold, refitted):
         index = getattr(self, "_index_base", None)
         before = dict(getattr(self, "_dormant", None) or {})
         told = set(ids)
-        real(self, ids, jobs, hold)
+        real(self, ids, jobs, hold, refitted)
         for job_id, record in before.items():
             if job_id in self._dormant:
                 counts["kept"] += 1
