@@ -25,7 +25,6 @@ caller for them (`bring_forward`): where it makes the record again, wakes it, tr
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
-from typing import ClassVar
 
 from .engine_guarantees import _made_order
 from .records import _Job
@@ -34,15 +33,15 @@ from .records import _Job
 class _Dormant:
     """Part of `RubickEngine`: its dormant records (it reads the round's state the engine keeps)."""
 
-    resting: ClassVar[Collection[str]] = frozenset()
+    resting: Collection[str] = frozenset()
     """ids of dormant records whose inputs the caller did not bring forward for this round: their fields that follow
     the clock (`remaining_iters`, `elapsed_s`, `changed_s`, `recent_changes`, `ref_iter_s`) are as an earlier round
     set them, and the caller promises that each job's seconds since its last change are under its hold (`rest_hold`
     of its changes within `hold_backoff_s`, as they are at the round's time). Set by the caller before a round, with
     `bring_forward`."""
-    bring_forward: ClassVar[Callable[[list[str]], None] | None] = None
+    bring_forward: Callable[[list[str]], None] | None = None
     """the caller's: brings forward the inputs of the resting jobs named, and takes them out of `resting`"""
-    fell_dormant: ClassVar[list[str]] = []
+    fell_dormant: list[str] = []  # noqa: RUF012 (replaced, never written)
     """after a round: the jobs whose records fell dormant in it, or were dormant and had their inputs brought forward
     (the caller may let their inputs rest); never written, only replaced"""
 
@@ -83,7 +82,7 @@ class _Dormant:
         rows, dkey, listed_held = place.rows, index.dkey, index.held
         backoff = self.hold_backoff_s > 0
         versions, version_of, backoff_of = self._versions, self._version, self._backoff
-        fresh = () if refitted else self._fresh_dormant
+        fresh = self._fresh_dormant
         woke: list[str] = []
         for job_id, job in dormant.items():
             if job_id in ids:

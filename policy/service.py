@@ -606,8 +606,8 @@ class PolicyCore:
         """After a round at `t`: the jobs the engine made dormant (`RubickEngine.fell_dormant`), and those whose rest
         ended at this round and are still dormant, rest while the clock is surely under their hold since their last
         change. Their changes within `hold_backoff_s` (`JobIn.recent_changes`) stay as many until the oldest leaves the
-        window; so they rest until the earlier of their last change and the hold of that many
-        (`RubickEngine.rest_hold`), and the oldest's leaving, less a margin far over the rounding of what `_forward`
+        window; so they rest until the earlier of their last change plus the hold of that many changes
+        (`RubickEngine.rest_hold`) and the oldest's leaving, less a margin far over the rounding of what `_forward`
         would work out."""
         engine = self.engine
         fell = engine.fell_dormant
@@ -617,10 +617,9 @@ class PolicyCore:
             self._rested = []
         if self.tick_period_s <= 0 or not fell:  # without a tick no job is held (`_forward`: `changed_s` infinite)
             return
-        moving, resting, ends, stale, changed_at = self._moving, self._resting, self._rest_ends, self._stale, \
-            self.changed_at
+        moving, resting, ends, stale = self._moving, self._resting, self._rest_ends, self._stale
         window = getattr(engine, "hold_backoff_s", 0.0)
-        changes, inf = self.changes, math.inf
+        changed_at, changes, inf = self.changed_at, self.changes, math.inf
         for job_id in fell:
             pair = moving.get(job_id)
             at = changed_at.get(job_id)
