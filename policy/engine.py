@@ -212,7 +212,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         self._ended = False
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""
-        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        hold = self.rest_hold()
         refits = getattr(self.book.oracle, "refits", None)
         refits = refits() if refits is not None else None
         """what the oracle says of its models' versions (None: it does not say): while it is the same as at the last
@@ -540,17 +540,21 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
 
     def _backoff(self, inp: JobIn) -> float:
         """How many times the hold a job is held: 2^(n-1) for n changes within `hold_backoff_s`."""
-        if self.hold_backoff_s <= 0 or inp.recent_changes <= 1:
-            return 1.0
-        return float(min(MAX_HOLD_FACTOR, 2 ** (inp.recent_changes - 1)))
+        return self._factor(inp.recent_changes)
 
-    def rest_hold(self, recent_changes: int) -> float:
-        """The hold of a running job with `recent_changes` changes within `hold_backoff_s` (`JobIn.recent_changes`):
-        while its seconds since its last change are under it, a round holds it."""
-        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+    def _factor(self, recent_changes: int) -> float:
+        """`_backoff` of a job with `recent_changes` changes within `hold_backoff_s`."""
         if self.hold_backoff_s <= 0 or recent_changes <= 1:
-            return hold
-        return hold * float(min(MAX_HOLD_FACTOR, 2 ** (recent_changes - 1)))
+            return 1.0
+        return float(min(MAX_HOLD_FACTOR, 2 ** (recent_changes - 1)))
+
+    def rest_hold(self, recent_changes: int = 0) -> float:
+        """The hold of a running job with `recent_changes` changes within `hold_backoff_s` (`JobIn.recent_changes`):
+        while its seconds since its last change are under it, a round holds it. With none (or one), the plain hold
+        (`hold_s`, or twice the restart cost)."""
+        hold = 2 * self.restart_cost_s if self.hold_s is None else self.hold_s
+        factor = self._factor(recent_changes)
+        return hold if factor == 1.0 else hold * factor
 
     def _ratio(self, inp: JobIn) -> int:
         if inp.requested_cpus > 0:
