@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from itertools import accumulate, count
+from itertools import count
 from typing import Sequence
 
 import numpy as np
@@ -148,14 +148,22 @@ def request_placements(gpus: int, node_gpus: int) -> list[tuple[int, ...]]:
 
 @lru_cache(maxsize=1 << 14)
 def _trim_shapes(place: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, int]], ...]:
-    """Each of `_trims(place)` with its `plans.shape` (for any kind: `JobKind.planned_trims`): GPUs one fewer at each,
-    and the greatest common divisor of the last node's count and those of the nodes before it."""
-    before = [0, *accumulate(place, math.gcd)]  # before[k]: the gcd of the first k nodes (0 for none)
-    total = sum(place)
-    out = []
-    for i, t in enumerate(_trims(place)):
-        out.append((t, (total - i, math.gcd(before[len(t) - 1], t[-1]))))
-    return tuple(out)
+    """Each of `_trims(place)` with its `plans.shape` (for any kind: `JobKind.planned_trims`): its GPUs, and the
+    greatest common divisor of its nodes' counts. A placement's trims are itself and the trims of the placement one GPU
+    fewer on its smallest node, so the list is that one's with this placement in front: the placements a cluster's
+    first round asks for share most of their trims, each worked out once."""
+    rest = _next_trim(place)
+    head = ((place, (sum(place), math.gcd(*place))),)
+    return head if rest is None else head + _trim_shapes(rest)
+
+
+def _next_trim(place: tuple[int, ...]) -> tuple[int, ...] | None:
+    """`place` one GPU fewer on its last (smallest) node, which goes where it had one; None where at most one GPU is
+    left."""
+    if sum(place) <= 1:
+        return None
+    last = place[-1] - 1
+    return place[:-1] + (last,) if last else place[:-1]
 
 
 def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -165,14 +173,8 @@ def trims(placement: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 @lru_cache(maxsize=1 << 14)
 def _trims(place: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    cur = list(place)
-    out = [tuple(cur)]
-    while sum(cur) > 1:
-        cur[-1] -= 1
-        if cur[-1] == 0:
-            cur.pop()
-        out.append(tuple(cur))
-    return tuple(out)
+    rest = _next_trim(place)
+    return (place,) if rest is None else (place,) + _trims(rest)
 
 
 @dataclass

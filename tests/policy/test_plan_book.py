@@ -223,13 +223,18 @@ def test_plans_depend_on_a_placement_only_through_its_gpus_and_whether_tp_fits_i
 
 
 def test_the_shapes_of_a_placements_trims_are_worked_out_as_each_trims_own():
-    """`curves._trim_shapes` works the trims' shapes out in one pass (GPUs one fewer at each, the running gcd of the
-    nodes): each is the shape of that trim worked out alone, in the trims' order."""
+    """`curves._trim_shapes` puts a placement's shape (its GPUs, its nodes' gcd) in front of the list of the placement
+    one GPU fewer on its smallest node: each is the shape of that trim worked out alone, in the trims' order, and the
+    trims are those `trims` lists, one GPU fewer each time, down to one GPU."""
     from policy.curves import _trim_shapes
 
     places = _placements(4, 8) + _placements(6, 3)
     for place in places:
         assert _trim_shapes(place) == tuple((t, shape(t)) for t in trims(place)), place
+        listed = trims(place)
+        assert listed[0] == place and sum(listed[-1]) == 1, place
+        assert [sum(t) for t in listed] == list(range(sum(place), 0, -1)), place
+        assert all(b == (a[:-1] + (a[-1] - 1,) if a[-1] > 1 else a[:-1]) for a, b in zip(listed, listed[1:])), place
     assert len(places) > 400
 
 
