@@ -114,6 +114,8 @@ class _Search:
         target = max(job.want_g, job.min_g)  # a guarantee may need more than the curve's knee
         scans, orders = (self._scans, self._orders) if queued else (None, None)
         g0 = job.g
+        ran = 0
+        """running jobs this attempt shrank: each adds a restart the change must pay"""
         nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
         if type(nodes) is _Order:
             if g0 >= max(1, job.min_g) and job.inp.running:  # a running job's growth the restart rule refuses
@@ -150,6 +152,13 @@ class _Search:
                     break
                 self._move(jr, node, victim, job, 1)
                 self._shrunk(live, victim, node)
+                if victim.id not in victims and victim.inp.running:
+                    ran += 1
+                    if queued and self._cannot_pay(job, g0, 1 + ran):  # refused, whatever the search gathers
+                        self._undo(jr, [job, *victims.values(), victim], mark)
+                        self._free_list, self._free_any = free_before
+                        self.why[job.id] = "held"
+                        return True
                 victims[victim.id] = victim
                 if self._over_min(victim):
                     floor = min(floor, (victim.inp.priority, victim.down()))
@@ -643,10 +652,31 @@ class _Search:
         again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone.
         The job is answered `held`, the restart rule; a search that gathered GPUs on which no plan settles answered
         `no-fit` (or `no-gpus`) instead, a case no trace here showed."""
+        left = self._work_left_s(job)
+        return left is not None and left <= self.restart_cost_s
+
+    def _cannot_pay(self, job: _Job, g0: int, restarts: int) -> bool:
+        """Whether a change of a running job that held `g0` GPUs when its attempt in the queue began, costing `restarts`
+        restarts (its own, and one for each running job its search has shrunk so far), cannot pay for them, in a round
+        already to be run again (`held_back`): its work left at its current speed (`_work_left_s`) is no more than they
+        cost. The search then stops, undone, with the answer the restart rule gives at its end (`_refused_on`,
+        `_worth_it`): it shrinks no fewer jobs on its way, so no plan it could settle on saves more than the work
+        left. Only for a job with a minimum of one GPU at most, which every plan it could settle on keeps at its
+        minimum or over (the restart rule is asked). As with `_too_short`, a search that would have found no plan to
+        settle on says `held` rather than `no-fit` (or `no-gpus`); no trace here showed one."""
+        if not self.held_back or job.min_g > 1 or g0 < 1:
+            return False
+        left = self._work_left_s(job)
+        return left is not None and left <= self.restart_cost_s * restarts
+
+    def _work_left_s(self, job: _Job) -> float | None:
+        """The time a running job at its minimum or over needs to end at its current speed: no change saves more
+        (`_pays`), so a change that costs as many restarts or more is refused whatever it gathers. None for a job
+        that does not run, or at no known speed."""
         old, inp = job.best, job.inp
         if not inp.running or job.g < max(1, job.min_g) or old is None or not old.throughput > 0:
-            return False
-        return inp.remaining_iters * (inp.kind.global_batch / old.throughput) <= self.restart_cost_s
+            return None
+        return inp.remaining_iters * (inp.kind.global_batch / old.throughput)
 
     def _worth_it(self, job: _Job, old: Best | None, victims: dict[str, _Job]) -> bool:
         """The restart rule for a running job's own change."""

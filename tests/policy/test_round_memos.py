@@ -1538,6 +1538,65 @@ def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkey
     assert shortcut == searched_each_time
 
 
+@pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0), (3, 1600.0)])
+def test_a_search_stops_where_the_running_jobs_it_shrank_cost_more_restarts_than_its_work_left(monkeypatch, seed,
+                                                                                             mem_gb):
+    """A running job's search, in a round already to be run again, stops where the restarts of the running jobs it has
+    shrunk and its own cost more than its work left at its current speed (`_cannot_pay`): each time, it is undone,
+    every job as it was before the attempt, and says `held`; the events published are those of a core whose searches
+    run to their end. With 20 GB a node, some plans' host memory does not fit where the job runs."""
+    real = engine_mod.RubickEngine._cannot_pay
+    search, move = engine_mod.RubickEngine._schedule_job, engine_mod.RubickEngine._move
+    seen = {"stopped": 0, "asked": 0}
+    stopped: list[bool] = []
+    shrunk: set[str] = set()
+    """the running jobs the attempt under way has taken GPUs from"""
+
+    def moved(self, jr, node, src, dst, gpus):
+        if src is not None and src.inp.running:
+            shrunk.add(src.id)
+        return move(self, jr, node, src, dst, gpus)
+
+    def checked(self, job, g0, restarts, *, _real=real):
+        seen["asked"] += 1
+        assert restarts == 1 + len(shrunk)  # asked as each running job is first shrunk, with the job's own restart
+        answer = _real(self, job, g0, restarts)
+        if answer:
+            seen["stopped"] += 1
+            assert job.id == job_of[0] and 1 <= g0 == started[0] and job.inp.running
+            assert self._work_left_s(job) <= self.restart_cost_s * restarts
+            stopped.append(True)
+        return answer
+
+    def state(self):
+        return ({j.id: (dict(j.g_on), dict(j.c_on), dict(j.mem_on), j.best, j.forced) for j in self.jobs.values()},
+                dict(self.free_g), dict(self.free_c), dict(self.free_m), {n: set(on) for n, on in self.on_node.items()})
+
+    job_of, started = [""], [0]
+
+    def watched(self, job, jr=None, only=None):
+        before = state(self)
+        stopped.clear()
+        shrunk.clear()
+        job_of[0], started[0] = job.id, job.g
+        ok = search(self, job, jr, only)
+        if stopped:  # `held_back`: set before the attempt, or by it on its way (a held job passed over)
+            assert ok is True and self.why[job.id] == "held" and self.held_back
+            assert state(self) == before
+        return ok
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_cannot_pay", checked)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", watched)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_move", moved)
+    shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
+    assert seen["stopped"] > 20 and seen["asked"] > 200, seen
+
+    monkeypatch.setattr(engine_mod.RubickEngine, "_cannot_pay", lambda self, job, g0, restarts: False)
+    searched_to_the_end, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
+    assert sum(b"plan.decided" in b for b in shortcut) >= 10
+    assert shortcut == searched_to_the_end
+
+
 @pytest.mark.parametrize("seed,short", [(1, False), (2, False), (3, True)])
 def test_a_search_that_passed_over_a_held_job_passes_nodes_where_only_held_jobs_are_below_it(monkeypatch, seed, short):
     """Once an attempt has passed over a held job, `_none_below` leaves the held jobs out: each time that makes it
