@@ -18,7 +18,8 @@ the wrappers only time and count.
 
     .venv/bin/python bench/search_anatomy.py                      # the 10x trace on 80x8
     .venv/bin/python bench/search_anatomy.py --scale 1 --cluster 8x8
-    .venv/bin/python bench/search_anatomy.py --trace /tmp/pai.csv --layout pai --cluster 80x8 --max-time-h 6
+    .venv/bin/python bench/search_anatomy.py --trace runs/pai/pai_task_table.csv --layout pai --cluster 80x8 \
+        --max-time-h 6                                            # rows written by bench/pai_day.py --write
 
 On the 10x trace (1 December 2026), 28% of the rounds' time went to attempts of running jobs to grow, begun once the
 round had held a job back, that ended `held` (22,381 attempts, 91 us each): the restart rule refused what they
@@ -114,26 +115,31 @@ class Anatomy:
                     setattr(cls, name, was)
 
     def report(self, top: int) -> str:
-        lines = []
         total = sum(self.rounds_s.values())
-        lines.append(f"rounds: {sum(self.rounds_n.values()):,}, {total:.2f} s")
-        lines.append(f"  {'event':<18} {'since last':<10} {'held_back':<10} {'published':<10} {'rounds':>8} "
-                     f"{'seconds':>8} {'share':>6} {'per round':>10}")
-        for key, s in self.rounds_s.most_common(top):
-            n = self.rounds_n[key]
-            lines.append(f"  {key[0]:<18} {key[1]:<10} {key[2]:<10} {key[3]:<10} {n:>8,} {s:>8.2f} "
-                         f"{s / max(total, 1e-12):>6.1%} {s / n * 1e3:>8.2f} ms")
         searched = sum(self.attempts_s.values())
-        lines.append(f"attempts: {sum(self.attempts_n.values()):,}, {searched:.2f} s "
-                     f"({searched / max(total, 1e-12):.0%} of the rounds' time)")
-        lines.append(f"  {'asked by':<8} {'job':<8} {'held_back':<10} {'end':<18} {'attempts':>9} {'seconds':>8} "
-                     f"{'share':>6} {'per attempt':>12}")
-        for key, s in self.attempts_s.most_common(top):
-            n = self.attempts_n[key]
-            lines.append(f"  {key[0]:<8} {key[1]:<8} {key[2]:<10} {key[3]:<18} {n:>9,} {s:>8.2f} "
-                         f"{s / max(total, 1e-12):>6.1%} {s / n * 1e6:>9.1f} us")
-        return "\n".join(lines)
+        return "\n".join(
+            [f"rounds: {sum(self.rounds_n.values()):,}, {total:.2f} s"]
+            + _table(self.rounds_s, self.rounds_n, total, top, [("event", 18), ("since last", 10), ("held_back", 10),
+                     ("published", 10)], ("rounds", 8), ("per round", 10, 1e3, ">8.2f", "ms"))
+            + [(f"attempts: {sum(self.attempts_n.values()):,}, {searched:.2f} s "
+                f"({searched / max(total, 1e-12):.0%} of the rounds' time)")]
+            + _table(self.attempts_s, self.attempts_n, total, top, [("asked by", 8), ("job", 8), ("held_back", 10),
+                     ("end", 18)], ("attempts", 9), ("per attempt", 12, 1e6, ">9.1f", "us")))
 
+
+def _table(seconds: Counter, counts: Counter, total: float, top: int, keys: list[tuple[str, int]],
+           count: tuple[str, int], per: tuple[str, int, float, str, str]) -> list[str]:
+    """The `top` rows of most seconds: a header, then each key's parts, its count, seconds, share of `total` and
+    time per count (`per`: title, width, scale, number format, unit)."""
+    title, width, scale, spec, unit = per
+    lines = ["  " + " ".join(f"{name:<{w}}" for name, w in keys)
+             + f" {count[0]:>{count[1]}} {'seconds':>8} {'share':>6} {title:>{width}}"]
+    for key, s in seconds.most_common(top):
+        n = counts[key]
+        lines.append("  " + " ".join(f"{part:<{w}}" for part, (_, w) in zip(key, keys))
+                     + f" {n:>{count[1]},} {s:>8.2f} {s / max(total, 1e-12):>6.1%} "
+                     f"{s / n * scale:{spec}} {unit}")
+    return lines
 
 def run(trace: str, out: Path, scale: int = 10, cluster: str | None = None, policy: str = "rubick",
         layout: str = "auto", max_time_h: float | None = None) -> tuple[Anatomy, dict]:
