@@ -5,6 +5,7 @@ or undone; the restart rule decides whether a running job's own change is worth 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
@@ -12,6 +13,15 @@ from .records import _MISSING, EPS, _Job, _Journal, _Order
 
 _UNSET = object()
 """a shape not worked out (`_Search._settle_entry`)"""
+
+
+def _from(nodes: Iterator[str], stop: str) -> Iterator[str]:
+    """The nodes of `nodes` from `stop` on (those before it passed over)."""
+    for node in nodes:
+        if node == stop:
+            yield node
+            break
+    yield from nodes
 
 
 class _Search:
@@ -118,13 +128,18 @@ class _Search:
         """running jobs this attempt shrank: each adds a restart the change must pay"""
         nodes = (self._node_order(job, orders) if only is None else only) if self._may_gather(job, floor) else ()
         if type(nodes) is _Order:
+            taken, stop = None, None
             if g0 >= max(1, job.min_g) and job.inp.running:  # a running job's growth the restart rule refuses
-                taken = self._takes_free_only(job, nodes, floor, target)
-                if taken and self._settles_back(job, taken, before[2]):
+                taken, stop = self._takes_free_only(job, nodes, floor, target)
+                if stop is None and taken and self._settles_back(job, taken, before[2]):
                     self._reindex(job)  # as the undo would (nothing was written)
                     self.why[job.id] = "held"  # the restart rule: what it would take it gives back, nothing faster
                     return True
             nodes = self._visits(job, nodes, victims)
+            if stop is not None:  # the search goes on from the first node where it shrinks a job, read above: the
+                for node, take in taken.items():  # free GPUs it takes on its way there, as it would take them
+                    self._move(jr, node, None, job, take)
+                nodes = _from(nodes, stop)
         for node in nodes:
             if target - job.g <= 0:
                 break
@@ -447,16 +462,19 @@ class _Search:
         per_node, asked = self._mem_want(job, best, len(place))
         return want, best, per_node, asked
 
-    def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float], target: int) -> dict[str, int] | None:
-        """The free GPUs an attempt's search over `order` would take (node -> GPUs), read without writing anything,
-        where it takes only free GPUs and shrinks no job on the way: at each node it reaches, nobody else is there,
+    def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float],
+                         target: int) -> tuple[dict[str, int], str | None]:
+        """(The free GPUs an attempt's search over `order` would take (node -> GPUs), None), read without writing
+        anything, where it takes only free GPUs and shrinks no job on the way: at each node it reaches, nobody else is there,
         no job anywhere is below the job (`floor`), none there is (`_none_below`), with the job's slope at the GPUs
         it would hold by then, or the search's own look there (`_lowest_slope_over_min`) finds none it may shrink.
         That look passes over held jobs as the search does, setting `held_back` and `_skipped_held` where it would;
         the search, run after all, sets them at the same node, and a set `_skipped_held` leaves out of later nodes
         only held jobs it would pass over (`_none_below`). Where the free GPUs fall short, the nodes of the jobs it may
         shrink (the tail, worked out as `_visits` works it out, from the state the attempt began in) are read the same
-        way. None where the search would shrink a job.
+        way. Where the search would shrink a job: (the free GPUs it takes before, the node where it first shrinks one,
+        whose free GPUs it takes first, counted with them). The search then goes on from there (`_from`), the flags
+        set as it would have set them on its way.
 
         No tail node has a free GPU (every node with some is in the head), so on the tail the job's GPUs, its slope and
         whether it beats `floor` stay as the head left them: where it does not, no tail node can shrink a job, and where
@@ -470,19 +488,19 @@ class _Search:
                 taken[node] = take
                 g += take
                 if target - g <= 0:
-                    return taken  # the search stops here: it looks for no job to shrink, and visits no other node
+                    return taken, None  # the search stops here: it looks for no job to shrink, and visits no other node
             others = on_node[node]
             if not others or (len(others) == 1 and me in others):
                 continue
             limit = job.up_at(g)  # at the GPUs it would hold
             if (self._beats(job, floor, limit) and not self._none_below(node, job, {}, limit)
                     and self._lowest_slope_over_min(node, job, limit) is not None):
-                return None
+                return taken, node
         if not order.end:
-            return taken
+            return taken, None
         limit = job.up_at(g)
         if not self._beats(job, floor, limit):
-            return taken
+            return taken, None
         if order.tail is None:
             order.tail, order.tidx = self._shrinkable(order.end, order.seen())
         for node in self._tail_reads(job, order, limit):
@@ -490,8 +508,8 @@ class _Search:
             if not others or (len(others) == 1 and me in others):
                 continue
             if not self._none_below(node, job, {}, limit) and self._lowest_slope_over_min(node, job, limit) is not None:
-                return None
-        return taken
+                return taken, node
+        return taken, None
 
     def _settles_back(self, job: _Job, taken: dict[str, int], old: Best | None) -> bool:
         """Whether `_settle`, after the search took the free GPUs `taken`, would end in the restart rule refusing the

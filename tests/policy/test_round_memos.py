@@ -624,17 +624,16 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
 
     def takes(self, job, order, floor, target):
         flags = (self.held_back, self._skipped_held)
-        taken = real_takes(self, job, order, floor, target)
-        if taken is None:
-            seen["none"] += 1
-            return None
+        taken, stop = real_takes(self, job, order, floor, target)
+        seen["none"] += stop is not None
         # the search itself on the same nodes, from the flags as they were: the same GPUs, from no other job, and
-        # the held jobs it passes over setting the flags the reading set
+        # the held jobs it passes over setting the flags the reading set; where the reading stopped (`stop`), the
+        # search finds there the first job it would shrink, with the free GPUs read taken on its way
         seen["tail"] += order.end and sum(taken.values()) < target - job.g  # the reading went on to the tail
         read = (self.held_back, self._skipped_held)
         self.held_back, self._skipped_held = flags
         start, g_on = dict(job.g_on), dict(job.g_on)
-        jr, victims = records._Journal(), {}
+        jr, victims, found = records._Journal(), {}, None
         for node in self._visits(job, order, victims):
             if target - job.g <= 0:
                 break
@@ -647,14 +646,17 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
             assert job.g >= job.min_g
             if target - job.g <= 0 or not self._beats(job, floor) or self._none_below(node, job, victims):
                 continue  # (the search looks for a job to shrink only while it wants more)
-            assert self._lowest_slope_over_min(node, job, job.up()) is None  # only held jobs below it here
-            seen["passed"] += 1
+            if self._lowest_slope_over_min(node, job, job.up()) is not None:
+                found = node  # the search shrinks a job here
+                break
+            seen["passed"] += 1  # only held jobs below it here
+        assert found == stop
         for node, take in taken.items():
             g_on[node] = g_on.get(node, 0) + take
         assert job.g_on == g_on and (self.held_back, self._skipped_held) == read
         self._undo(jr, [job])
         assert job.g_on == start
-        return taken
+        return taken, stop
 
     def back(self, job, taken, old):
         answer = real_back(self, job, taken, old)
@@ -678,7 +680,8 @@ def test_an_attempt_that_would_give_back_the_free_gpus_it_takes_is_refused_witho
     shortcut, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
     assert seen["back"] > 3 and seen["none"] > 5 and seen["passed"] > 0 and seen["tail"] > 0 and seen[shows] > 0, seen
 
-    monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", lambda self, job, order, floor, target: None)
+    # no reading: every search runs from its first node
+    monkeypatch.setattr(engine_mod.RubickEngine, "_takes_free_only", lambda self, job, order, floor, target: ({}, None))
     searched_each_time, _ = drive(seed, nodes=48, jobs=60, mem_gb=mem_gb, lengths=lengths)
     assert sum(b"plan.decided" in b for b in shortcut) >= 10
     assert shortcut == searched_each_time
@@ -2195,7 +2198,8 @@ def test_a_dormant_record_made_again_with_the_key_listed_stays_dormant(monkeypat
 
 def _takes_free_only_as_read(engine, job, order, floor, target, seen):
     """`_takes_free_only` the plain way: every node of the head, then every node of the tail (worked out as the attempt
-    began), each read with the slope at the GPUs the job would hold by then."""
+    began), each read with the slope at the GPUs the job would hold by then; (the free GPUs taken, None), or (those
+    taken before, the node where a job would be shrunk)."""
     up_tab, want, g, taken = job.up_tab, job.want_g, job.g, {}
     head = list(order.head())
     tail = (order.tail if order.tail is not None else engine._shrinkable(order.end, order.seen())[0]) if order.end else []
@@ -2206,7 +2210,7 @@ def _takes_free_only_as_read(engine, job, order, floor, target, seen):
             taken[name] = take
             g += take
             if target - g <= 0:
-                return taken
+                return taken, None
         others = engine.on_node[name]
         if not others or (len(others) == 1 and job.id in others):
             continue
@@ -2216,9 +2220,9 @@ def _takes_free_only_as_read(engine, job, order, floor, target, seen):
         if (engine._beats(job, floor, limit) and not engine._none_below(name, job, {}, limit)
                 and engine._lowest_slope_over_min(name, job, limit) is not None):
             seen["none on the tail" if at >= len(head) else "none on the head"] += 1
-            return None
+            return taken, name
     seen["taken after the tail" if tail else "taken"] += 1
-    return taken
+    return taken, None
 
 
 def _checked_against_reading(real, seen: Counter):
