@@ -465,16 +465,17 @@ class _Search:
     def _takes_free_only(self, job: _Job, order: _Order, floor: tuple[float, float],
                          target: int) -> tuple[dict[str, int], str | None]:
         """(The free GPUs an attempt's search over `order` would take (node -> GPUs), None), read without writing
-        anything, where it takes only free GPUs and shrinks no job on the way: at each node it reaches, nobody else is there,
-        no job anywhere is below the job (`floor`), none there is (`_none_below`), with the job's slope at the GPUs
-        it would hold by then, or the search's own look there (`_lowest_slope_over_min`) finds none it may shrink.
+        anything, where it takes only free GPUs and shrinks no job on the way: at each node it reaches, nobody else
+        is there, no job anywhere is below the job (`floor`), none there is (`_none_below`), with the job's slope at
+        the GPUs it would hold by then, or the search's own look there (`_lowest_slope_over_min`) finds none it may
+        shrink.
         That look passes over held jobs as the search does, setting `held_back` and `_skipped_held` where it would;
         the search, run after all, sets them at the same node, and a set `_skipped_held` leaves out of later nodes
         only held jobs it would pass over (`_none_below`). Where the free GPUs fall short, the nodes of the jobs it may
         shrink (the tail, worked out as `_visits` works it out, from the state the attempt began in) are read the same
-        way. Where the search would shrink a job: (the free GPUs it takes before, the node where it first shrinks one,
-        whose free GPUs it takes first, counted with them). The search then goes on from there (`_from`), the flags
-        set as it would have set them on its way.
+        way. Where the search would shrink a job: (the free GPUs it takes up to there, those of that node among them,
+        the node where it first shrinks one). The search then goes on from that node (`_from`), the flags set as it
+        would have set them on its way.
 
         No tail node has a free GPU (every node with some is in the head), so on the tail the job's GPUs, its slope and
         whether it beats `floor` stay as the head left them: where it does not, no tail node can shrink a job, and where
