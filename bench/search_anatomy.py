@@ -10,7 +10,8 @@ One simulation, in this process, with the policy engine's attempts and the polic
   job was running and could grow (`running`: at its minimum or over, under what it wants; `waiting`: holding nothing
   or under its minimum), whether the round had held a job back before the attempt began, and how it ended: `kept`
   (its changes stay), `held` (it changes nothing and says `held`: the restart rule refused the change, or a hold
-  stopped it) or `failed: <reason>`.
+  stopped it) or `failed: <reason>`. A waiting job's kept attempt whose GPUs a later attempt of the same round took
+  back, every one, ends `kept, taken back`: the round published nothing of it.
 
 The timings include the wrappers' own cost (a few microseconds a call), so read the shares and counts, not the
 seconds: on a shared machine they move by a quarter from run to run. The decisions are those of a run without them:
@@ -65,6 +66,9 @@ class Anatomy:
         own = [(cls, name, cls.__dict__.get(name)) for cls, name in
                ((core_cls, "_handle"), (core_cls, "run_round"), (engine_cls, "_schedule_job"))]
         since = self._since
+        placed: list[tuple[tuple, float, object]] = []
+        """(key, seconds, record) of the round's kept attempts of waiting jobs: counted at the round's end, as
+        `kept, taken back` where a later attempt of the same round took every GPU the job was given"""
 
         @functools.wraps(handle)
         def _handle(core, event, rounds):
@@ -75,7 +79,15 @@ class Anatomy:
         def _run_round(core, event):
             held_back = bool(getattr(core.engine, "held_back", False))
             t0 = time.perf_counter()
-            out = run_round(core, event)
+            try:
+                out = run_round(core, event)
+            finally:
+                for key, seconds, job in placed:
+                    if not job.g:
+                        key = (*key[:3], "kept, taken back")
+                    self.attempts_s[key] += seconds
+                    self.attempts_n[key] += 1
+                placed.clear()
             dt = time.perf_counter() - t0
             said = ("decided" if any(e.base == "plan.decided" for e in out) else "pending" if out else "nothing")
             key = (event.base, "quiet" if since <= QUIET else "events", "held_back" if held_back else "-", said)
@@ -100,8 +112,11 @@ class Anatomy:
                 end = f"{'ok' if ok else 'failed'}: {why or '-'}"
             key = ("queue" if jr is None and only is None else "repack", "running" if growing else "waiting",
                    "held_back" if held_back else "-", end)
-            self.attempts_s[key] += dt
-            self.attempts_n[key] += 1
+            if end == "kept" and not growing:
+                placed.append((key, dt, job))
+            else:
+                self.attempts_s[key] += dt
+                self.attempts_n[key] += 1
             return ok
 
         core_cls._handle, core_cls.run_round, engine_cls._schedule_job = _handle, _run_round, _schedule_job
