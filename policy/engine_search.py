@@ -5,7 +5,7 @@ or undone; the restart rule decides whether a running job's own change is worth 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from itertools import dropwhile
 
 from .curves import Best, knee, slope_down, slope_up
 from .plans import canonical
@@ -13,15 +13,6 @@ from .records import _MISSING, EPS, _Job, _Journal, _Order
 
 _UNSET = object()
 """a shape not worked out (`_Search._settle_entry`)"""
-
-
-def _from(nodes: Iterator[str], stop: str) -> Iterator[str]:
-    """The nodes of `nodes` from `stop` on (those before it passed over)."""
-    for node in nodes:
-        if node == stop:
-            yield node
-            break
-    yield from nodes
 
 
 class _Search:
@@ -139,7 +130,7 @@ class _Search:
             if stop is not None:  # the search goes on from the first node where it shrinks a job, read above: the
                 for node, take in taken.items():  # free GPUs it takes on its way there, as it would take them
                     self._move(jr, node, None, job, take)
-                nodes = _from(nodes, stop)
+                nodes = dropwhile(stop.__ne__, nodes)  # those before it passed over
         for node in nodes:
             if target - job.g <= 0:
                 break
@@ -474,7 +465,7 @@ class _Search:
         only held jobs it would pass over (`_none_below`). Where the free GPUs fall short, the nodes of the jobs it may
         shrink (the tail, worked out as `_visits` works it out, from the state the attempt began in) are read the same
         way. Where the search would shrink a job: (the free GPUs it takes up to there, those of that node among them,
-        the node where it first shrinks one). The search then goes on from that node (`_from`), the flags set as it
+        the node where it first shrinks one). The search then goes on from that node (`dropwhile`), the flags set as it
         would have set them on its way.
 
         No tail node has a free GPU (every node with some is in the head), so on the tail the job's GPUs, its slope and
