@@ -476,11 +476,11 @@ def test_a_kept_attempt_leaves_no_stale_node_in_the_memo(monkeypatch, seed):
 def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed):
     """The nodes a growing job may shrink (`_shrinkable`), and for a long prefix those read from the lowest keys
     listed under each node (`_shrinkable_listed`, run here for every prefix), are the nodes where the prefix's jobs
-    hold GPUs, as reading the jobs themselves gives, by name, with their indices among the nodes by name; the arrays
-    of the lowest keys are those the lists give, and the lists of the keys of jobs not held those of `_node_keys`
-    less the held jobs' keys."""
+    hold GPUs, as reading the jobs themselves gives, by name, with their indices among the nodes by name, also where
+    `_shrinkable_listed` answers from what it kept of an earlier call; the arrays of the lowest keys are those the
+    lists give, and the lists of the keys of jobs not held those of `_node_keys` less the held jobs' keys."""
     real = engine_mod.RubickEngine._shrinkable
-    seen = {"calls": 0, "nodes": 0, "ties": 0, "held": 0}
+    seen = {"calls": 0, "nodes": 0, "ties": 0, "held": 0, "kept": 0}
 
     def checked(self, end, mine):
         jobs = self.jobs
@@ -494,6 +494,7 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
             seen["held"] += len(keys) - len(unheld)
         bound = self.by_down[end - 1]
         seen["ties"] += sum(1 for keys in self._node_keys.values() if keys and keys[0][:2] == bound[:2])
+        seen["kept"] += bound in self._within  # worked out by an earlier call, no lowest key changed since
         for names, idx in (real(self, end, mine), self._shrinkable_listed(end, mine)):
             assert names == held
             assert [self._by_name[i] for i in idx] == held
@@ -504,6 +505,7 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
     monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
     assert seen["calls"] > 50 and seen["nodes"] > 50 and seen["ties"] > 0 and seen["held"] > 50, seen
+    assert seen["kept"] > 10, seen
 
 
 @pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (1, 10**9), (2, 10**9)])
