@@ -279,15 +279,17 @@ class _NodeIndex:
             yield from tail
             return
         short = len(tail) <= _SKIP_FROM
-        masks: dict[bool, np.ndarray] = {}
+        reads: dict[bool, list[int]] = {}
+        """`_skipped_held` -> the positions in the tail to read, ascending: the slope does not move, so they are worked
+        out once for each (a bisection then finds the next, where numpy's `argmax` would cost a call a node read)"""
         while j < n:
             unheld = self._skipped_held
             if short and not unheld:
                 yield tail[j]
                 j += 1
                 continue
-            mask = masks.get(unheld)
-            if mask is None:
+            at = reads.get(unheld)
+            if at is None:
                 low_p, low_s = ((self._un_p[tidx], self._un_s[tidx]) if unheld
                                 else (self._lo_p[tidx], self._lo_s[tidx]))
                 prio, slope = job.inp.priority, low_s + EPS
@@ -295,10 +297,11 @@ class _NodeIndex:
                 mask = slope < limit if np.count_nonzero(same) == len(same) else (
                     (low_p < prio) | (same & (slope < limit)))
                 self._mark_in_tail(mask, tail, tidx, self._dnodes.get(job.id, ()))
-                masks[unheld] = mask
-            j += int(mask[j:].argmax())  # the first true at or after `j` (0 where none: told apart by reading it)
-            if not mask[j]:
+                at = reads[unheld] = np.flatnonzero(mask).tolist()
+            k = bisect.bisect_left(at, j)  # the first position at or after `j`
+            if k == len(at):
                 return
+            j = at[k]
             yield tail[j]
             j += 1
 
