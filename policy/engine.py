@@ -776,18 +776,40 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
 
     def _sort_by_slope(self) -> list[tuple]:
         """The queue's keys, lowest first, each ending in its job: the jobs awake this round (`_asleep`), but those a
-        guarantee placed."""
-        keyed = []
+        guarantee placed.
+
+        Most keys are last round's (a job placed as the last round left it keeps its key): they are taken in last
+        round's order (`_queue_last`) and the keys made again put after them, so the sort finds one long run in
+        order and merges the few others into it, where sorting the keys in the jobs' order compares each about
+        log2(n) times. The keys are unique (a job's id is in its key), so the sorted list is the same whatever
+        order they come in; but a slope that is not a number compares neither below nor above any other, and where
+        one is (this round or last), the keys are sorted in the jobs' order, as they always were."""
+        keyed, fresh, kept_keys = [], [], {}
+        unordered = False
         for j in (*self._awake, *self._dormant.values()):
             if j.carried and not j.touched:  # placed as the last round left it, nothing written since: the same key
-                keyed.append(j.queue_key)
+                key = j.queue_key
+                keyed.append(key)
+                kept_keys[j.id] = key
                 continue
             if j.privileged and j.g and j.reason == "guarantee":
                 continue
             cpu = self._cpu_slope_up(j) if j.g else 0.0
-            key = j.queue_key = (-j.inp.priority, -j.up(), -cpu, j.inp.order, j.id, 0, j)
+            up = j.up()
+            key = j.queue_key = (-j.inp.priority, -up, -cpu, j.inp.order, j.id, 0, j)
             keyed.append(key)
+            fresh.append(key)
+            unordered = unordered or math.isnan(up) or math.isnan(cpu)
+        last = getattr(self, "_queue_last", None)  # last round's queue, sorted (`_queue_unordered`: a key in it was)
+        in_order = None
+        if not unordered and last is not None and not self._queue_unordered:
+            in_order = [k for k in last if kept_keys.get(k[4]) is k]  # last round's keys kept, in their order
+        if in_order is not None and len(in_order) == len(kept_keys):  # every kept key was in it: none unordered
+            keyed = in_order + fresh
+        elif not unordered:
+            unordered = any(math.isnan(k[1]) or math.isnan(k[2]) for k in kept_keys.values())
         keyed.sort()  # ids are unique: no comparison reaches the job itself
+        self._queue_last, self._queue_unordered = keyed, unordered
         return keyed
 
 
