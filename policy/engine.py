@@ -147,10 +147,9 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         """node -> the `by_down` keys of the jobs that held GPUs there when they were indexed, lowest first"""
         self._unheld_keys: dict[str, list[tuple[int, float, int, str]]] = {}
         """node -> those of its `_node_keys` whose jobs are not held (a node is listed once a key is)"""
-        self._own_keys: set[str] = set()
-        self._own_unheld: set[str] = set()
-        """the nodes whose lists in `_node_keys` and `_unheld_keys` are the round's own, not the kept index's
-        (`_index_all`, `_writable`)"""
+        self._listed_held: set[str] = set()
+        """the jobs whose keys are listed as held (in `_node_keys`, not in `_unheld_keys`): the kept index's `held` once
+        the round works on it (`_index_all`), which `_reindex` keeps"""
         self._dnodes: dict[str, tuple[str, ...]] = {}
         """job -> the nodes its `by_down` key is listed under in `_node_keys`"""
         self._guarantee_memo: dict = {}
@@ -212,6 +211,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             for record in last_round.values():
                 record.given = None
             self._place_base = None  # its records may be half written: every job is placed again
+            self._index_base = None  # the index it wrote may be half written too: made whole again
         self._ended = False
         """whether the last round ran to its end: one cut short (an error) leaves its sleepers half looked at, and
         the next round looks at every input"""

@@ -40,8 +40,9 @@ def _signs_differ(a: float, b: float) -> bool:
 
 
 class _IndexBase:
-    """The slope index as a round began (`_NodeIndex._index_all`), kept for the next round to patch: its own lists, never
-    the ones a round writes. `nidx` is the layout's node -> index its arrays are by; `held` the ids listed as held."""
+    """The slope index a round works on (`_NodeIndex._index_all`), kept as the round leaves it for the next round to
+    patch. `nidx` is the layout's node -> index its arrays are by; `held` the ids listed as held (in `node_keys`, not in
+    `unheld_keys`)."""
 
     __slots__ = ("by_down", "dkey", "dnodes", "held", "lo_o", "lo_p", "lo_s", "nidx", "node_keys", "un_p", "un_s",
                  "unheld_keys")
@@ -380,11 +381,12 @@ class _NodeIndex:
 
     def _index_all(self) -> None:
         """`_reindex` of every job holding GPUs as the round begins, into the round's new, empty index, in one go. The
-        index as the last round began is kept (`_index_base`): the keys that changed since are taken out of it and put
-        in again (`_patch_base`), else it is made whole (`_base_of`: the keys gathered, then each list sorted once);
-        the round then works on copies of it, a node's lists copied when the round first writes them (`_writable`).
-        At 800 nodes, most rounds change a few of the jobs listed, on a few nodes each, where the whole index lists
-        each job's key on every node it holds GPUs on. The lists are sorted and the keys unique, so the order they
+        index as the last round left it is kept (`_index_base`): the keys that changed since are taken out of it and
+        put in again (`_patch_base`), else it is made whole (`_base_of`: the keys gathered, then each list sorted once);
+        the round then works on it (`_reindex`), and leaves it for the next round to patch (a round cut short by an
+        error drops it): copying it for each round cost 2.3% of the whole 100x trace. At 800 nodes, most rounds change
+        a few of the jobs listed, on a few nodes each, where the whole index lists each job's key on every node it holds
+        GPUs on. The lists are sorted and the keys unique, so the order they
         were made in makes no difference, but for a slope that is not a number: it compares neither below nor above
         any other, and where one is, the jobs are indexed one by one, as `_reindex` would (and nothing is kept)."""
         gathered, unordered = [], False
@@ -414,26 +416,13 @@ class _NodeIndex:
         if base is None or base.nidx is not self._nidx or not self._patch_base(base, gathered):
             gathered += [(job, job.index_key) for job in self._dormant.values() if job.index_key is not None]
             base = self._index_base = self._base_of(gathered)
-        # the round's own copies, which its attempts write (`_reindex`); a node's lists are the base's until the round
-        # writes them (`_writable`): the base stays as the round began
-        self.by_down, self._dkey, self._dnodes = base.by_down[:], dict(base.dkey), dict(base.dnodes)
-        self._node_keys, self._unheld_keys = defaultdict(list, base.node_keys), dict(base.unheld_keys)
-        self._own_keys, self._own_unheld = set(), set()
-        self._lo_p, self._lo_s, self._lo_o = base.lo_p.copy(), base.lo_s.copy(), base.lo_o.copy()
-        self._un_p, self._un_s = base.un_p.copy(), base.un_s.copy()
+        # the round works on the kept index itself (`_reindex` writes it): the next round patches it from where this
+        # one leaves it
+        self.by_down, self._dkey, self._dnodes = base.by_down, base.dkey, base.dnodes
+        self._node_keys, self._unheld_keys, self._listed_held = base.node_keys, base.unheld_keys, base.held
+        self._lo_p, self._lo_s, self._lo_o = base.lo_p, base.lo_s, base.lo_o
+        self._un_p, self._un_s = base.un_p, base.un_s
         self._within = {}
-
-    @staticmethod
-    def _writable(lists: dict[str, list[tuple]], own: set[str], node: str) -> list[tuple]:
-        """A node's list in `lists` (`_node_keys`, `_unheld_keys`) for the round to write: a copy of the base's the
-        first time (`own`: the nodes whose lists are the round's already), an empty one where the node has none."""
-        ks = lists.get(node)
-        if node not in own:
-            own.add(node)
-            ks = lists[node] = ks[:] if ks is not None else []
-        elif ks is None:
-            ks = lists[node] = []
-        return ks
 
     def _base_of(self, gathered: list[tuple[_Job, tuple]]) -> _IndexBase:
         """The index of the jobs `gathered` (job, key), made whole: the keys, then each list sorted once."""
@@ -469,7 +458,7 @@ class _NodeIndex:
         return base
 
     def _patch_base(self, base: _IndexBase, gathered: list[tuple[_Job, tuple]]) -> bool:
-        """Make the last round's index (`_index_base`, as that round began) this round's: the keys of the jobs no
+        """Make the last round's index (`_index_base`, as that round left it) this round's: the keys of the jobs no
         longer listed, or listed otherwise (another key, other nodes, held or not), taken out; theirs now put in (a
         key made again with the same parts stays listed as it is). The lists stay sorted and the keys are unique, so
         the result is the index `_base_of` makes whole. False, touching nothing, where more keys go and come than are
@@ -547,22 +536,28 @@ class _NodeIndex:
         if key == old and (key is None or self._dnodes[job.id] == tuple(job.g_on)):
             return  # listed as it is already (an attempt undone leaves most jobs so)
         unheld = self._unheld_keys if job.id not in self.held else None
-        node_keys, own, own_unheld, writable = self._node_keys, self._own_keys, self._own_unheld, self._writable
+        node_keys = self._node_keys
         if old is not None:
             del self._dkey[job.id]
             del self.by_down[bisect.bisect_left(self.by_down, old)]
+            self._listed_held.discard(job.id)
             for node in self._dnodes.pop(job.id):
-                self._unlist(writable(node_keys, own, node), old, node, self._lo_p, self._lo_s, self._lo_o)
+                self._unlist(node_keys[node], old, node, self._lo_p, self._lo_s, self._lo_o)
                 if unheld is not None:
-                    self._unlist(writable(unheld, own_unheld, node), old, node, self._un_p, self._un_s)
+                    self._unlist(unheld[node], old, node, self._un_p, self._un_s)
         if key is not None:
             bisect.insort(self.by_down, key)
             self._dkey[job.id] = key
+            if unheld is None:
+                self._listed_held.add(job.id)
             nodes = self._dnodes[job.id] = tuple(job.g_on)
             for node in nodes:
-                self._enlist(writable(node_keys, own, node), key, node, self._lo_p, self._lo_s, self._lo_o)
+                self._enlist(node_keys[node], key, node, self._lo_p, self._lo_s, self._lo_o)
                 if unheld is not None:
-                    self._enlist(writable(unheld, own_unheld, node), key, node, self._un_p, self._un_s)
+                    ks = unheld.get(node)
+                    if ks is None:
+                        ks = unheld[node] = []
+                    self._enlist(ks, key, node, self._un_p, self._un_s)
 
     def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray,
                 o: np.ndarray | None = None) -> None:

@@ -797,27 +797,46 @@ def test_the_free_gpus_counted_again_after_every_event_are_those_of_every_job(mo
 
 @pytest.mark.parametrize("seed, lengths", [(1, None), (2, None), (3, (400, 2000, 10**5))])
 def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed, lengths):
-    """A round's slope index is the last round's as it began (`_index_base`), its changed jobs taken out and put in
-    again (`_patch_base`). After every round's `_index_all` each job's key is the one `_reindex` makes (a guarantee
-    kept carried over among them), and the index equals the index made whole from the same keys (every
-    node lost and back between, where the layout changes and the index is made whole); the round writes only its own
-    copies (the kept index is as it was made when the next round comes); and the events are the bytes of a core that
-    makes it whole every round. Seed 3's shorter jobs bring guarantees kept near their deadlines, where whether one
-    keeps its guarantee with a GPU less moves with the clock while it is carried over."""
+    """A round's slope index is the last round's as that round left it (`_index_base`), its changed jobs taken out and
+    put in again (`_patch_base`). After every round's `_index_all` each job's key is the one `_reindex` makes (a
+    guarantee kept carried over among them), and the index equals the index made whole from the same keys (every
+    node lost and back between, where the layout changes and the index is made whole); the round works on the kept
+    index itself, and nothing writes it between the end of one round and the next round's `_index_all`; and the events
+    are the bytes of a core that makes it whole every round. Seed 3's shorter jobs bring guarantees kept near their
+    deadlines, where whether one keeps its guarantee with a GPU less moves with the clock while it is carried over."""
     import numpy as np
     real = engine_mod.RubickEngine._index_all
-    seen = {"rounds": 0, "patched": 0, "kept": 0, "dormant": 0}
+    real_round = engine_mod.RubickEngine._round
+    seen = {"rounds": 0, "patched": 0, "kept": 0, "dormant": 0, "left": 0}
 
     def snapshot(base):
         return (base.by_down[:], dict(base.dkey), dict(base.dnodes), {n: ks[:] for n, ks in base.node_keys.items()},
                 {n: ks[:] for n, ks in base.unheld_keys.items()}, set(base.held),
                 [a.copy() for a in (base.lo_p, base.lo_s, base.lo_o, base.un_p, base.un_s)])
 
+    def round_left(self, *args, **kwargs):
+        out = real_round(self, *args, **kwargs)
+        base = getattr(self, "_index_base", None)
+        seen["snapshot"] = (base, snapshot(base)) if base is not None else None  # the index as the round left it
+        if base is not None:  # whole as the round leaves it: what the next round's patch reads of it
+            assert base.held <= base.dkey.keys() and sorted(base.dkey.values()) == base.by_down
+            for node, i in self._nidx.items():
+                keys = base.node_keys.get(node, [])
+                assert keys == sorted(k for jid, k in base.dkey.items() if node in base.dnodes[jid])
+                unheld = [k for k in keys if k[3] not in base.held]
+                assert base.unheld_keys.get(node, []) == unheld
+                assert (base.lo_p[i], base.lo_s[i], base.lo_o[i]) == (keys[0][:3] if keys else (math.inf,) * 3)
+                assert (base.un_p[i], base.un_s[i]) == (unheld[0][:2] if unheld else (math.inf,) * 2)
+        return out
+
     def checked(self):
         before = getattr(self, "_index_base", None)
-        if before is not None:  # the last round read it and wrote its own copies: the base is as it was made
-            kept, now = seen["snapshot"], snapshot(before)
+        if before is not None and seen.get("snapshot") is not None:  # as the last round left it: nothing wrote it since
+            left, kept = seen["snapshot"]
+            now = snapshot(before)
+            assert left is before
             assert kept[:6] == now[:6] and all(np.array_equal(a, b) for a, b in zip(kept[6], now[6]))
+            seen["left"] += 1
         real(self)
         listed_now = (*self._awake, *self._dormant.values())  # the jobs awake, and those left dormant
         seen["dormant"] += len(self._dormant)
@@ -827,7 +846,6 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
             assert self._dkey.get(j.id) == ((j.inp.priority, j.down(), -j.inp.order, j.id) if listed else None)
             seen["kept"] += j.privileged and j.carried
         base = self._index_base
-        seen["snapshot"] = snapshot(base)
         seen["rounds"] += 1
         seen["patched"] += base is before
         inf = np.full(len(self._nidx), math.inf)
@@ -835,7 +853,8 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
         self._lo_p, self._lo_s, self._lo_o, self._un_p, self._un_s = (inf.copy() for _ in range(5))
         fresh = self._base_of([(j, j.index_key) for j in listed_now if j.index_key is not None])
         self._lo_p, self._lo_s, self._lo_o, self._un_p, self._un_s = fresh_arrays
-        assert self.by_down == fresh.by_down and self.by_down is not base.by_down
+        assert self.by_down == fresh.by_down and self.by_down is base.by_down  # the round works on the kept index
+        assert self._listed_held is base.held and base.held == fresh.held
         assert self._dkey == fresh.dkey and self._dnodes == fresh.dnodes
         assert {n: ks for n, ks in self._node_keys.items() if ks} == fresh.node_keys
         assert {n: ks for n, ks in self._unheld_keys.items() if ks} == {n: ks for n, ks in fresh.unheld_keys.items() if ks}
@@ -843,8 +862,10 @@ def test_the_slope_index_patched_from_the_last_rounds_is_the_one_made_whole(monk
             assert np.array_equal(mine, made)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_index_all", checked)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_round", round_left)
     patched, _ = drive(seed, owners=True, lengths=lengths)
     assert seen["patched"] > seen["rounds"] // 2 and seen["rounds"] - seen["patched"] >= 2
+    assert seen["left"] > seen["rounds"] // 2, seen
     assert seen["kept"] > 10  # guarantees kept, carried over: their keys made again
     assert seen["dormant"] > 10  # held jobs left dormant: listed as they were
     monkeypatch.setattr(engine_mod.RubickEngine, "_patch_base", lambda self, base, gathered: False)
