@@ -380,15 +380,15 @@ class _NodeIndex:
             self._room_stale.update(nodes)
 
     def _index_all(self) -> None:
-        """`_reindex` of every job holding GPUs as the round begins, into the round's new, empty index, in one go. The
-        index as the last round left it is kept (`_index_base`): the keys that changed since are taken out of it and
-        put in again (`_patch_base`), else it is made whole (`_base_of`: the keys gathered, then each list sorted once);
-        the round then works on it (`_reindex`), and leaves it for the next round to patch (a round cut short by an
-        error drops it): copying it for each round cost 2.3% of the whole 100x trace. At 800 nodes, most rounds change
-        a few of the jobs listed, on a few nodes each, where the whole index lists each job's key on every node it holds
-        GPUs on. The lists are sorted and the keys unique, so the order they
-        were made in makes no difference, but for a slope that is not a number: it compares neither below nor above
-        any other, and where one is, the jobs are indexed one by one, as `_reindex` would (and nothing is kept)."""
+        """`_reindex` of every job holding GPUs as the round begins, in one go. The index as the last round left it is
+        kept (`_index_base`): the keys that changed since are taken out of it and put in again (`_patch_base`), else it
+        is made whole (`_base_of`: the keys gathered, then each list sorted once); the round then works on it
+        (`_reindex`), and leaves it for the next round to patch (a round cut short by an error drops it): copying it
+        for each round cost 2.3% of the whole 100x trace. At 800 nodes, most rounds change a few of the jobs listed, on
+        a few nodes each, where the whole index lists each job's key on every node it holds GPUs on. The lists are
+        sorted and the keys unique, so the order they were made in makes no difference, but for a slope that is not a
+        number: it compares neither below nor above any other, and where one is, the jobs are indexed one by one into
+        a new, empty index, as `_reindex` would (and nothing is kept)."""
         gathered, unordered = [], False
         for job in self._awake:
             if job.carried and not job.privileged and not job.index_priv:  # as the last round began: the same key,
