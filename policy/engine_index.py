@@ -554,10 +554,7 @@ class _NodeIndex:
             for node in nodes:
                 self._enlist(node_keys[node], key, node, self._lo_p, self._lo_s, self._lo_o)
                 if unheld is not None:
-                    ks = unheld.get(node)
-                    if ks is None:
-                        ks = unheld[node] = []
-                    self._enlist(ks, key, node, self._un_p, self._un_s)
+                    self._enlist(unheld.setdefault(node, []), key, node, self._un_p, self._un_s)
 
     def _enlist(self, keys: list[tuple], key: tuple, node: str, p: np.ndarray, s: np.ndarray,
                 o: np.ndarray | None = None) -> None:
