@@ -331,6 +331,47 @@ class PlanBook:
             self._gpu_curves[key] = curve
         return curve
 
+    def ceiling(self, kind: JobKind, gpus: int, node_gpus: int) -> float | None:
+        """Samples/s that no plan of the kind beats on any placement of up to `gpus` GPUs over nodes of up to
+        `node_gpus` each, at any count of CPUs per GPU the book considers; None where the oracle gives no floor
+        under its times (`ModelOracle.time_floor`: a table of measured times gives none) or `gpus` is past
+        `max_gpus`. Worked out once per kind and model version, as far as it was asked for: a GPU count's plans are
+        those of every shape a placement of it can have (its GPUs split in equal nodes of any size up to
+        `node_gpus`: a placement's plans depend only on its GPUs and the greatest common divisor of its nodes'
+        counts, `plans.shape`), each at the most CPUs per GPU (only ZeRO-Offload's step reads them, and it is the
+        faster for more)."""
+        floor_of = getattr(self.oracle, "time_floor", None)
+        if floor_of is None or gpus > self.max_gpus or gpus < 1:
+            return None
+        key = (self._key(kind), "ceiling", node_gpus)
+        tops = self._derived.get(key, _MISSING)
+        if tops is None:  # the oracle gave no floor for this version of the model
+            return None
+        if tops is _MISSING:
+            tops = self._derived[key] = [0.0]
+        if len(tops) > gpus:
+            return tops[gpus]
+        cpg = self._cpg(kind, self.max_cpus_per_gpu)
+        items, first = [], len(tops)
+        for g in range(first, gpus + 1):
+            seen: dict = {}
+            for s in range(1, min(g, node_gpus) + 1):
+                if g % s == 0:
+                    for plan in kind.plans((s,) * (g // s)):
+                        seen.setdefault(plan, None)
+            items.extend((g, cpg, plan) for plan in seen)
+        floor = floor_of(kind.model, kind.global_batch, items, node_gpus)
+        if floor is None:
+            self._derived[key] = None
+            return None
+        best = dict.fromkeys(range(first, gpus + 1), 0.0)
+        for (g, _, _), t in zip(items, floor.tolist()):
+            if t > 0 and math.isfinite(t) and kind.global_batch / t > best[g]:
+                best[g] = kind.global_batch / t
+        for g in range(first, gpus + 1):
+            tops.append(max(tops[-1], best[g]))
+        return tops[gpus]
+
     def cpu_curve(self, kind: JobKind, placement: Sequence[int]) -> np.ndarray:
         """Throughput at 0..max_cpus_per_gpu CPU threads per GPU on `placement` (running maximum)."""
         place = canonical(placement)

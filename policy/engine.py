@@ -186,6 +186,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
             self._margins_last: dict[str, tuple] = {}
             """model type -> the last `_margins_key` worked out for it, kept across rounds"""
         self._cluster_gpus = layout[11]
+        self._node_most = layout[12]
+        """the most GPUs a node has"""
         self._least_seen: dict[tuple[int, int], int] = {}
         """(id of a job's kind, its CPUs per GPU) -> `_least`, for this round (its jobs keep their kinds alive)"""
         self._scans: dict[str, list[list]] = {}
@@ -517,8 +519,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
     def _layout(self, nodes: list[NodeCap]) -> tuple:
         """What a round reads of the nodes alone, kept while they are the same: (the nodes, name -> node, their names
         in the given order, by name, name -> index by name, the names by name as an array, an array of infinities,
-        each node's GPUs, CPUs and memory, name -> position in the given order, and the GPUs of all). Read only: a
-        round copies what it changes."""
+        each node's GPUs, CPUs and memory, name -> position in the given order, the GPUs of all, the most of a node).
+        Read only: a round copies what it changes."""
         key = tuple(nodes)
         held = getattr(self, "_layout_held", None)
         if held is None or held[0] != key:  # the same node objects compare at once (a service keeps them)
@@ -529,7 +531,7 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
                 np.array(by_name, dtype=object), np.full(len(nodes), math.inf),
                 {n.name: n.gpus for n in nodes}, {n.name: n.cpus for n in nodes},
                 {n.name: float(n.mem_gb) for n in nodes}, {name: i for i, name in enumerate(order)},
-                sum(n.gpus for n in nodes))
+                sum(n.gpus for n in nodes), max((n.gpus for n in nodes), default=0))
         return held
 
     def _version(self, kind: JobKind) -> int:

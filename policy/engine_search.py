@@ -656,28 +656,58 @@ class _Search:
         return per_node, job.inp.requested_mem_gb / max(1, job.inp.requested_gpus)
 
     def _too_short(self, job: _Job) -> bool:
-        """Whether a running job at its minimum or over has less work left at its current speed than one restart:
-        whatever its attempt gathered, the time saved (`_worth_it`) would be less than that, so the restart rule would
-        refuse the change and the attempt be undone whole. Its search is not run once the round is already to be run
-        again (`held_back`): a search that passes over a held job sets that, and the rest of what it does is undone.
-        The job is answered `held`, the restart rule; a search that gathered GPUs on which no plan settles answered
-        `no-fit` (or `no-gpus`) instead, a case no trace here showed."""
+        """Whether a running job at its minimum or over cannot gain from any change enough to pay one restart: its work
+        left at its current speed is no more than that, or (with a minimum of one GPU at most, which every plan it
+        could settle on keeps, so the restart rule is asked) the time it would save at the most speed any allocation
+        it could gather gives (`PlanBook.ceiling`, up to the GPUs it asks for) is no more than that. Whatever its
+        attempt gathered, the restart rule (`_worth_it`) would refuse the change and the attempt be undone whole. Its
+        search is not run once the round is already to be run again (`held_back`): a search that passes over a held job
+        sets that, and the rest of what it does is undone. The job is answered `held`, the restart rule; a search that
+        gathered GPUs on which no plan settles answered `no-fit` (or `no-gpus`) instead, a case no trace here showed."""
         left = self._work_left_s(job)
-        return left is not None and left <= self.restart_cost_s
+        if left is None:
+            return False
+        if left <= self.restart_cost_s:
+            return True
+        return job.min_g <= 1 and self._gains_short(job, 1)
+
+    def _gains_short(self, job: _Job, restarts: int) -> bool:
+        """Whether the time a running job would save (`_pays`) at the most speed any allocation of up to the GPUs it
+        asks for gives is no more than `restarts` restarts cost (or that speed is not over its own): no change its
+        search could make pays for them. The speed its allocation has now, grown to those GPUs packed (its curve), is
+        read first: where that would pay, so would the most, which is then not worked out."""
+        book, kind, inp = self.book, job.inp.kind, job.inp
+        target = max(job.want_g, job.min_g)
+        if target > book.max_gpus:
+            return False
+        gbs, old, cost = kind.global_batch, job.best.throughput, self.restart_cost_s * restarts
+        known = float(book.gpu_curve(kind, job.cpg)[target])  # one allocation it could gather: no more than the most
+        if known > old * (1 + 1e-9) and inp.remaining_iters * (gbs / old - gbs / known) > cost:
+            return False
+        top = book.ceiling(kind, target, self._node_most)
+        if top is None:
+            return False
+        top *= 1 + 1e-9  # the floor under the times is exact but for rounding
+        if job.privileged and job.request is not None and job.request.throughput > top:
+            top = job.request.throughput  # a guarantee may end on its own request (`_guarded`)
+        return top <= old * (1 + 1e-9) or inp.remaining_iters * (gbs / old - gbs / top) <= cost
 
     def _cannot_pay(self, job: _Job, g0: int, restarts: int) -> bool:
         """Whether a change of a running job that held `g0` GPUs when its attempt in the queue began, costing `restarts`
         restarts (its own, and one for each running job its search has shrunk so far), cannot pay for them, in a round
         already to be run again (`held_back`): its work left at its current speed (`_work_left_s`) is no more than they
-        cost. The search then stops, undone, with the answer the restart rule gives at its end (`_refused_on`,
-        `_worth_it`): it shrinks no fewer jobs on its way, so no plan it could settle on saves more than the work
-        left. Only for a job with a minimum of one GPU at most, which every plan it could settle on keeps at its
-        minimum or over (the restart rule is asked). As with `_too_short`, a search that would have found no plan to
-        settle on says `held` rather than `no-fit` (or `no-gpus`); no trace here showed one."""
+        cost, or the time it would save at the most speed any allocation it could gather gives is (`_gains_short`).
+        The search then stops, undone, with the answer the restart rule gives at its end (`_refused_on`,
+        `_worth_it`): it shrinks no fewer jobs on its way, so no plan it could settle on saves more. Only for a job with
+        a minimum of one GPU at most, which every plan it could settle on keeps at its minimum or over (the restart
+        rule is asked). As with `_too_short`, a search that would have found no plan to settle on says `held` rather
+        than `no-fit` (or `no-gpus`); no trace here showed one."""
         if not self.held_back or job.min_g > 1 or g0 < 1:
             return False
         left = self._work_left_s(job)
-        return left is not None and left <= self.restart_cost_s * restarts
+        if left is None:
+            return False
+        return left <= self.restart_cost_s * restarts or self._gains_short(job, restarts)
 
     def _work_left_s(self, job: _Job) -> float | None:
         """The time a running job at its minimum or over needs to end at its current speed: no change saves more

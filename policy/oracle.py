@@ -216,6 +216,50 @@ class ModelOracle(_MemoryMixin):
         self._recent.append((model.name, version, global_batch, tuple(items), times, ga))
         return times, _with_ga([p for _, _, p in items], ga)
 
+    def time_floor(self, model: ModelType, global_batch: int, items: Sequence[tuple[int, int, Plan]],
+                   node_gpus: int) -> np.ndarray | None:
+        """For each (GPUs, CPUs per GPU, plan): seconds per iteration that no placement of that many GPUs, on nodes of
+        at most `node_gpus` each, beats at that many CPUs or fewer (`inf` where it fits on none); None where the
+        model's parameters give no such floor. A policy asks it to know that no allocation it could gather pays for
+        a change (`PlanBook.ceiling`).
+
+        A placement enters a time only through which groups cross nodes and the fewest GPUs of a node (the inter-node
+        bandwidth), and its feasibility only through the host memory of its nodes (`modeler.perf_model`,
+        `modeler.memory`). Each plan is worked out on the most favourable values those can take: no group crossing
+        where its GPUs fit on one node; where they do not, one group crossing (rank 0 and the last rank are on
+        different nodes, so the TP, DP or PP group joining them crosses), the others not, on the most NICs a node
+        reaches; as many nodes as GPUs (the most host memory a plan's GPUs can have, the least it needs per node).
+        Each value only slows a plan down or shrinks its memory as it moves away from there, while the inter-node
+        link is no faster than the intra-node one and the overlap exponents are positive (else None); and CPUs only
+        speed up ZeRO-Offload's step."""
+        params = self.params.get(model.name, PerfParams())
+        env = self.env
+        rails = env.b_inter_rails(max(node_gpus, env.gpus_per_node))
+        if not (params.k_sync > 0 and params.k_off > 0 and params.k_swap > 0) or float(rails) > env.b_intra:
+            return None
+        if not items:
+            return np.zeros(0)
+        rows, owner = [], []
+        for i, (gpus, cpg, p) in enumerate(items):
+            if p.dp * p.tp * p.pp != gpus or global_batch % (p.dp * p.micro_batches):
+                raise ValueError(f"plan {p} does not fill {gpus} GPUs or split a batch of {global_batch}")
+            head = (p.dp, p.tp, p.pp, p.zero_stage, bool(p.offload), bool(p.gc), 0, p.micro_batches, global_batch,
+                    float(cpg), gpus, gpus)
+            if gpus <= node_gpus:
+                crossings = [(False, False, False)]
+            else:
+                crossings = [c for c, degree in (((True, False, False), p.dp), ((False, True, False), p.tp),
+                                                 ((False, False, True), p.pp))
+                             if degree > 1 and (model.allow_tp_across_nodes or not c[1])]
+            for dp_inter, tp_inter, pp_inter in crossings:
+                rows.append(head + (max(node_gpus, env.gpus_per_node), dp_inter, tp_inter, pp_inter))
+                owner.append(i)
+        floor = np.full(len(items), np.inf)
+        if rows:
+            batch, ok = resolve_feasible(model, env, _stack(rows))
+            np.minimum.at(floor, np.array(owner), self._times(model, batch, ok))
+        return floor
+
     def _times(self, model: ModelType, batch: ConfigBatch, ok: np.ndarray) -> np.ndarray:
         """Seconds per iteration of a resolved batch under the type's parameters; `inf` where `ok` is false."""
         return np.where(ok, t_iter(model, self.env, self.params.get(model.name, PerfParams()), batch), np.inf)

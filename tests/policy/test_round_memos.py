@@ -1523,13 +1523,14 @@ def test_searches_over_jobs_on_several_nodes_find_what_a_search_without_memos_fi
 
 @pytest.mark.parametrize("seed,mem_gb", [(1, 1600.0), (2, 20.0), (3, 1600.0)])
 def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkeypatch, seed, mem_gb):
-    """A running job whose work left at its current speed takes less than one restart, in a round already to be run
+    """A running job whose work left at its current speed takes less than one restart, or whose gain at the most speed
+    any allocation it could gather gives (`PlanBook.ceiling`) would not pay one, in a round already to be run
     again, is answered `held` without a search (`_too_short`): each time, the search itself, run there and then, is
     refused by the restart rule and leaves every job as it was; the events published are those of a core that
     searches for every such job. With 20 GB a node, some plans' host memory does not fit where the job runs."""
     real = engine_mod.RubickEngine._too_short
     search = engine_mod.RubickEngine._schedule_job
-    seen = {"short": 0, "not": 0}
+    seen = {"short": 0, "not": 0, "ceiling": 0}
 
     def checked(self, job, *, _real=real):
         answer = _real(self, job)
@@ -1537,6 +1538,8 @@ def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkey
             seen["not"] += 1
             return False
         seen["short"] += 1
+        if self._work_left_s(job) > self.restart_cost_s:  # more work left than a restart: the speed ceiling answered
+            seen["ceiling"] += 1
         state = {j.id: (dict(j.g_on), dict(j.c_on), dict(j.mem_on), j.best, j.forced) for j in self.jobs.values()}
         held_back, why = self.held_back, self.why.get(job.id)
         monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", lambda self, job: False)
@@ -1556,7 +1559,7 @@ def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkey
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", checked)
     shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
-    assert seen["short"] > 50 and seen["not"] > 500, seen
+    assert seen["short"] > 50 and seen["not"] > 500 and seen["ceiling"] > 20, seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_too_short", lambda self, job: False)
     searched_each_time, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
@@ -1568,12 +1571,13 @@ def test_a_running_job_with_less_work_left_than_a_restart_is_not_searched(monkey
 def test_a_search_stops_where_the_running_jobs_it_shrank_cost_more_restarts_than_its_work_left(monkeypatch, seed,
                                                                                              mem_gb):
     """A running job's search, in a round already to be run again, stops where the restarts of the running jobs it has
-    shrunk and its own cost more than its work left at its current speed (`_cannot_pay`): each time, it is undone,
+    shrunk and its own cost more than its work left at its current speed, or than it would save at the most speed any
+    allocation it could gather gives (`_cannot_pay`): each time, it is undone,
     every job as it was before the attempt, and says `held`; the events published are those of a core whose searches
     run to their end. With 20 GB a node, some plans' host memory does not fit where the job runs."""
     real = engine_mod.RubickEngine._cannot_pay
     search, move = engine_mod.RubickEngine._schedule_job, engine_mod.RubickEngine._move
-    seen = {"stopped": 0, "asked": 0}
+    seen = {"stopped": 0, "asked": 0, "ceiling": 0}
     stopped: list[bool] = []
     shrunk: set[str] = set()
     """the running jobs the attempt under way has taken GPUs from"""
@@ -1590,7 +1594,8 @@ def test_a_search_stops_where_the_running_jobs_it_shrank_cost_more_restarts_than
         if answer:
             seen["stopped"] += 1
             assert job.id == job_of[0] and 1 <= g0 == started[0] and job.inp.running
-            assert self._work_left_s(job) <= self.restart_cost_s * restarts
+            if self._work_left_s(job) > self.restart_cost_s * restarts:  # the speed ceiling answered
+                seen["ceiling"] += 1
             stopped.append(True)
         return answer
 
@@ -1615,7 +1620,7 @@ def test_a_search_stops_where_the_running_jobs_it_shrank_cost_more_restarts_than
     monkeypatch.setattr(engine_mod.RubickEngine, "_schedule_job", watched)
     monkeypatch.setattr(engine_mod.RubickEngine, "_move", moved)
     shortcut, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
-    assert seen["stopped"] > 20 and seen["asked"] > 200, seen
+    assert seen["stopped"] > 20 and seen["asked"] > 200 and seen["ceiling"] > 20, seen
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_cannot_pay", lambda self, job, g0, restarts: False)
     searched_to_the_end, _ = drive(seed, nodes=24, jobs=90, mem_gb=mem_gb, short=True, hold_s=10.0)
