@@ -24,8 +24,8 @@ the wrappers only time and count.
 
 On the 10x trace (1 December 2026), 20% of the rounds' time went to attempts of running jobs to grow, begun once the
 round had held a job back, that ended `held` (22,387 attempts, 81 us each; 28% and 91 us before the speed ceiling
-answered some without a search): the restart rule refused what they gathered. Rounds a tick set off after nothing but ticks and measurements took 7% (316 rounds, 58 of them
-publishing a decision).
+answered some without a search): the restart rule refused what they gathered. Rounds a tick set off after nothing
+but ticks and measurements took 7% (316 rounds, 58 of them publishing a decision).
 """
 
 from __future__ import annotations
