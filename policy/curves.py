@@ -334,14 +334,14 @@ class PlanBook:
     def ceiling(self, kind: JobKind, gpus: int, node_gpus: int) -> float | None:
         """Samples/s that no plan of the kind beats on any placement of up to `gpus` GPUs over nodes of up to
         `node_gpus` each, at any count of CPUs per GPU the book considers; None where the oracle gives no floor
-        under its times (`ModelOracle.time_floor`: a table of measured times gives none) or `gpus` is past
-        `max_gpus`. Worked out once per kind and model version, as far as it was asked for: a GPU count's plans are
-        those of every shape a placement of it can have (its GPUs split in equal nodes of any size up to
-        `node_gpus`: a placement's plans depend only on its GPUs and the greatest common divisor of its nodes'
-        counts, `plans.shape`), each at the most CPUs per GPU (only ZeRO-Offload's step reads them, and it is the
-        faster for more)."""
+        under its times (`ModelOracle.time_floor`: a table of measured times gives none), `gpus` is past
+        `max_gpus` or no node has a GPU. Worked out once per kind and model version, as far as it was asked for: a
+        GPU count's plans are those of every shape a placement of it can have (its GPUs split in equal nodes of any
+        size up to `node_gpus`: a placement's plans depend only on its GPUs and the greatest common divisor of its
+        nodes' counts, `plans.shape`), each at the most CPUs per GPU (only ZeRO-Offload's step reads them, and it is
+        the faster for more)."""
         floor_of = getattr(self.oracle, "time_floor", None)
-        if floor_of is None or gpus > self.max_gpus or gpus < 1:
+        if floor_of is None or gpus > self.max_gpus or gpus < 1 or node_gpus < 1:
             return None
         key = (self._key(kind), "ceiling", node_gpus)
         tops = self._derived.get(key, _MISSING)

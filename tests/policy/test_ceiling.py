@@ -98,6 +98,7 @@ def test_no_ceiling_where_the_model_gives_no_floor():
     kind = JobKind(models["gpt2"], models["gpt2"].spec.global_batch_size)
     book = PlanBook(oracle)
     assert book.ceiling(kind, book.max_gpus + 1, 8) is None  # past the curves
+    assert book.ceiling(kind, 4, 0) is None  # no node with a GPU: no placement to bound
     oracle.params["gpt2"] = replace(oracle.params.get("gpt2", PerfParams()), k_sync=0.0)
     oracle.versions["gpt2"] = oracle.versions.get("gpt2", 0) + 1
     calls = []
