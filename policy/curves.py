@@ -27,6 +27,7 @@ import numpy as np
 
 from controlplane.events import Plan
 from controlplane.events.workload import PlanSupport
+from modeler.configs import divisors
 from modeler.spec import ModelType
 
 from .oracle import Oracle
@@ -355,8 +356,8 @@ class PlanBook:
         items, first = [], len(tops)
         for g in range(first, gpus + 1):
             seen: dict = {}
-            for s in range(1, min(g, node_gpus) + 1):
-                if g % s == 0:
+            for s in divisors(g):
+                if s <= node_gpus:
                     for plan in kind.plans((s,) * (g // s)):
                         seen.setdefault(plan, None)
             items.extend((g, cpg, plan) for plan in seen)

@@ -234,12 +234,13 @@ class ModelOracle(_MemoryMixin):
         speed up ZeRO-Offload's step."""
         params = self.params.get(model.name, PerfParams())
         env = self.env
-        rails = env.b_inter_rails(max(node_gpus, env.gpus_per_node))
+        most = max(node_gpus, env.gpus_per_node)  # the smallest node's GPUs at their most: the most NICs it reaches
+        rails = env.b_inter_rails(most)
         if not (params.k_sync > 0 and params.k_off > 0 and params.k_swap > 0) or float(rails) > env.b_intra:
             return None
         if not items:
             return np.zeros(0)
-        rows, owner = [], []
+        rows, owner = [], []  # rows as `_rows` makes them (`ConfigBatch`'s fields in order), GA steps left open
         for i, (gpus, cpg, p) in enumerate(items):
             if p.dp * p.tp * p.pp != gpus or global_batch % (p.dp * p.micro_batches):
                 raise ValueError(f"plan {p} does not fill {gpus} GPUs or split a batch of {global_batch}")
@@ -252,7 +253,7 @@ class ModelOracle(_MemoryMixin):
                                                  ((False, False, True), p.pp))
                              if degree > 1 and (model.allow_tp_across_nodes or not c[1])]
             for dp_inter, tp_inter, pp_inter in crossings:
-                rows.append(head + (max(node_gpus, env.gpus_per_node), dp_inter, tp_inter, pp_inter))
+                rows.append(head + (most, dp_inter, tp_inter, pp_inter))
                 owner.append(i)
         floor = np.full(len(items), np.inf)
         if rows:
