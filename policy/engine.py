@@ -56,6 +56,11 @@ __all__ = ["EPS", "MAX_HOLD_FACTOR", "JobIn", "NodeCap", "Outcome", "RubickEngin
 MAX_HOLD_FACTOR = 16
 """The longest hold is this many times `RubickEngine.hold_s` (about 40 minutes at the default 156 s)."""
 
+_INSORT_SHARE = 16
+"""`RubickEngine._sort_by_slope` puts the keys made again into last round's queue one at a time (a bisection, about
+log2(n) comparisons, and a move of the keys after it) while there is at most one for every this many kept: else it
+sorts them with the kept ones (a sort compares every key of a run in order at least once)."""
+
 
 
 @dataclass
@@ -781,11 +786,13 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         guarantee placed.
 
         Most keys are last round's (a job placed as the last round left it keeps its key): they are taken in last
-        round's order (`_queue_last`) and the keys made again put after them, so the sort finds one long run in
-        order and merges the few others into it, where sorting the keys in the jobs' order compares each about
-        log2(n) times. The keys are unique (a job's id is in its key), so the sorted list is the same whatever
-        order they come in; but a slope that is not a number compares neither below nor above any other, and where
-        one is (this round or last), the keys are sorted in the jobs' order, as they always were."""
+        round's order (`_queue_last`), and the few made again put in their places by bisection, where sorting the
+        keys in the jobs' order compares each about log2(n) times, and sorting that run with the others after it
+        compares each key of the run at least once (to find it in order). Where more were made again than one for
+        every `_INSORT_SHARE` kept, they are put after the run and sorted with it. The keys are unique (a job's id is
+        in its key), so the sorted list is the same whatever order they come in; but a slope that is not a number
+        compares neither below nor above any other, and where one is (this round or last), the keys are sorted in the
+        jobs' order, as they always were."""
         keyed, fresh, kept_keys = [], [], {}
         unordered = False
         for j in (*self._awake, *self._dormant.values()):
@@ -807,10 +814,19 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         if not unordered and last is not None and not self._queue_unordered:
             in_order = [k for k in last if kept_keys.get(k[4]) is k]  # last round's keys kept, in their order
         if in_order is not None and len(in_order) == len(kept_keys):  # every kept key was in it: none unordered
-            keyed = in_order + fresh
-        elif not unordered:
-            unordered = any(math.isnan(k[1]) or math.isnan(k[2]) for k in kept_keys.values())
-        keyed.sort()  # ids are unique: no comparison reaches the job itself
+            if len(fresh) * _INSORT_SHARE <= len(in_order):  # a few made again: each put in its place by bisection
+                fresh.sort()
+                insort = bisect.insort
+                for key in fresh:
+                    insort(in_order, key)
+                keyed = in_order
+            else:
+                keyed = in_order + fresh
+                keyed.sort()
+        else:
+            if not unordered:
+                unordered = any(math.isnan(k[1]) or math.isnan(k[2]) for k in kept_keys.values())
+            keyed.sort()  # ids are unique: no comparison reaches the job itself
         self._queue_last, self._queue_unordered = keyed, unordered
         return keyed
 
