@@ -34,6 +34,21 @@ of working it out node by node (12,000 asks in a cluster's first round at 8,192 
 _LESS_ONE_KEPT = 1 << 16
 
 
+def _put_free(keys: list[tuple[int, int, str]], of: dict[str, tuple[int, int, str]], node: str, g: int,
+              pos: dict[str, int]) -> None:
+    """Put `node`, with `g` free GPUs now, in its place among the free nodes' keys (`keys`: (-free GPUs, position in the
+    nodes' order, node), sorted; `of`: node -> its key there): its old key out, a new one in where it has any."""
+    old = of.get(node)
+    if old is not None:
+        if old[0] == -g:
+            return
+        del keys[bisect.bisect_left(keys, old)]
+        del of[node]
+    if g > 0:
+        key = of[node] = (-g, pos[node], node)
+        bisect.insort(keys, key)
+
+
 def _signs_differ(a: float, b: float) -> bool:
     """Whether two slopes that compare equal are 0.0 and -0.0 (a key is kept only where it is the same in every part)."""
     return a == 0.0 and math.copysign(1.0, a) != math.copysign(1.0, b)
@@ -102,7 +117,8 @@ class _NodeIndex:
         return self._free_list
 
     def _free_index(self) -> list[tuple[int, int, str]]:
-        """`_free_keys`, up to date: made whole once a round, then only the nodes written since put in place again."""
+        """`_free_keys`, up to date: made whole once a round (or copied from the kept placement's, `_place_current`),
+        then only the nodes written since put in place again."""
         keys = self._free_keys
         if keys is None:
             pos = self._pos
@@ -112,15 +128,7 @@ class _NodeIndex:
         elif self._free_dirty:
             of, free_g, pos = self._free_key_of, self.free_g, self._pos
             for n in self._free_dirty:
-                old, g = of.get(n), free_g[n]
-                if old is not None:
-                    if old[0] == -g:
-                        continue
-                    del keys[bisect.bisect_left(keys, old)]
-                    del of[n]
-                if g > 0:
-                    key = of[n] = (-g, pos[n], n)
-                    bisect.insort(keys, key)
+                _put_free(keys, of, n, free_g[n], pos)
             self._free_dirty.clear()
         return keys
 

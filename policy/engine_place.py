@@ -3,6 +3,7 @@ and that placement kept for the next round to patch (`_PlaceBase`)."""
 
 from __future__ import annotations
 
+from .engine_index import _put_free
 from .records import _NOBODY, _Job
 
 PATCH_SHARE = 4
@@ -15,14 +16,19 @@ class _PlaceBase:
     `_place_current` left them with every job placed whole (nothing cut): kept for the next round to patch. Only that
     patch writes it, before the round copies it; the round works on its copies (a node's set of jobs is replaced,
     never changed). `rows` is job id -> the rows (`_Job.current_rows`' list) it was placed by; `layout` the `_layout`
-    they were placed on."""
+    they were placed on. `free_keys` and `free_key_of` are the nodes with free GPUs in the order of
+    `RubickEngine._free_keys` (made with the placement, kept in order by the patch): a round starts from copies of
+    them, where it made them again from every node's free GPUs."""
 
-    __slots__ = ("free_c", "free_g", "free_m", "layout", "on_node", "placed", "rows")
+    __slots__ = ("free_c", "free_g", "free_key_of", "free_keys", "free_m", "layout", "on_node", "placed", "rows")
 
     def __init__(self, layout: tuple, free_g: dict, free_c: dict, free_m: dict, on_node: dict, placed: dict,
                  rows: dict) -> None:
         self.layout, self.free_g, self.free_c, self.free_m = layout, free_g, free_c, free_m
         self.on_node, self.placed, self.rows = on_node, placed, rows
+        pos = layout[10]
+        self.free_keys = sorted([(-g, pos[n], n) for n, g in free_g.items() if g > 0])
+        self.free_key_of = {k[2]: k for k in self.free_keys}
 
 
 def _rows(job: _Job) -> list:
@@ -49,10 +55,13 @@ class _Placing:
         base = getattr(self, "_place_base", None)
         if base is None or base.layout is not layout or not self._patch_placement(base):
             self._wake_dormant()  # every job placed in turn: the dormant ones too
-            self._place_base = self._place_all(layout)
+            base = self._place_base = self._place_all(layout)
+            if base is not None:  # the same free GPUs as the round's
+                self._free_keys, self._free_key_of = base.free_keys.copy(), dict(base.free_key_of)
             return
         self.free_g, self.free_c, self.free_m = dict(base.free_g), dict(base.free_c), dict(base.free_m)
         self.on_node, self.placed = dict(base.on_node), dict(base.placed)
+        self._free_keys, self._free_key_of = base.free_keys.copy(), dict(base.free_key_of)
 
     def _place_all(self, layout: tuple) -> _PlaceBase | None:
         """`_place_current` from the nodes' capacities, every job awake placed in turn; the placement to keep, or None
@@ -233,10 +242,13 @@ class _Placing:
                         free -= m
             mem[node] = free
         # nothing is cut: written
+        keys, key_of, pos = base.free_keys, base.free_key_of, base.layout[10]
         for node, d in dg.items():
             free_g[node] += d
             free_c[node] += dc[node]
             base.on_node[node] = on[node] or _NOBODY
+            if d:
+                _put_free(keys, key_of, node, free_g[node], pos)
         base.free_m.update(mem)
         for job_id in went:
             del rows_of[job_id]

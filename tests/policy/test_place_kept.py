@@ -20,22 +20,35 @@ def _state(engine) -> tuple:
     jobs = {j.id: (j.g, dict(j.g_on), dict(j.c_on), {n: m.hex() for n, m in j.mem_on.items()}, j.whole, j.forced,
                    j.reason, j.best, j.placed)
             for j in (*engine._awake, *engine._dormant.values())}  # placing every job wakes the dormant ones
+    free = engine._free_index()  # the nodes with free GPUs in order, as the round's first need of them finds them
+    assert free == _free_keys(engine.free_g, engine._pos)
+    assert engine._free_key_of == {k[2]: k for k in free}
     return (list(engine.free_g.items()), list(engine.free_c.items()), [(n, m.hex()) for n, m in engine.free_m.items()],
-            {n: set(ids) for n, ids in engine.on_node.items() if ids}, list(engine.on_node), set(engine.placed), jobs)
+            {n: set(ids) for n, ids in engine.on_node.items() if ids}, list(engine.on_node), set(engine.placed), jobs,
+            list(free))
+
+
+def _free_keys(free_g: dict, pos: dict) -> list:
+    """The nodes with free GPUs in `RubickEngine._free_keys`' order, made from every node's free GPUs."""
+    return sorted((-g, pos[n], n) for n, g in free_g.items() if g > 0)
 
 
 def _kept(base) -> tuple:
+    assert base.free_keys == _free_keys(base.free_g, base.layout[10])  # kept in order by the patch
+    assert base.free_key_of == {k[2]: k for k in base.free_keys}
     return (dict(base.free_g), dict(base.free_c), {n: m.hex() for n, m in base.free_m.items()},
-            {n: frozenset(ids) for n, ids in base.on_node.items()}, dict(base.placed), dict(base.rows))
+            {n: frozenset(ids) for n, ids in base.on_node.items()}, dict(base.placed), dict(base.rows),
+            list(base.free_keys), dict(base.free_key_of))
 
 
 @pytest.mark.parametrize(("seed", "owners", "cpus", "mem_gb"),
                          [(1, True, 96, 1600.0), (2, False, 96, 1600.0), (3, True, 12, 160.0), (4, False, 24, 120.0)])
 def test_the_placement_patched_from_the_last_rounds_is_the_one_made_whole(monkeypatch, seed, owners, cpus, mem_gb):
     """After every round's `_place_current`, the free GPUs, CPUs and memory of every node (memory to the bit), the jobs
-    on each node, the jobs placed and every record awake or dormant are what placing every job again from the nodes'
-    capacities makes, on the same records; the kept placement is as the last round left it when the next round comes (a round
-    writes only its own copies); and the events are the bytes of a core that places every job again every round.
+    on each node, the jobs placed, the nodes with free GPUs in order (kept with the placement, and copied) and every
+    record awake or dormant are what placing every job again from the nodes' capacities makes, on the same records;
+    the kept placement is as the last round left it when the next round comes (a round writes only its own copies);
+    and the events are the bytes of a core that places every job again every round.
     `owners` loses every node for a while (the layout changes: placed whole again); few CPUs and little memory a node
     make memory and CPUs short."""
     seen = _check_every_placement(monkeypatch)
@@ -61,6 +74,7 @@ def _check_every_placement(monkeypatch) -> dict:
         seen["rounds"] += 1
         seen["patched"] += base is not None and base is before
         mine = _state(self)
+        free = (self._free_keys, self._free_key_of)
         for job in self._awake:  # as `_prepare` left them: the records not carried held nothing yet
             if job.inp.current and not job.carried:
                 self._clear(job)
@@ -69,7 +83,8 @@ def _check_every_placement(monkeypatch) -> dict:
         assert _state(self) == mine
         if base is not None:
             assert self.free_g is not base.free_g and self.on_node is not base.on_node
-        self._place_base = base  # the patched one goes on
+        self._place_base = base  # the patched one goes on, and the round on what it made
+        self._free_keys, self._free_key_of = free
         seen["snapshot"] = _kept(base) if base is not None else None
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_place_current", checked)
