@@ -34,6 +34,14 @@ of working it out node by node (12,000 asks in a cluster's first round at 8,192 
 _LESS_ONE_KEPT = 1 << 16
 
 
+def _free_keys_of(free_g: dict[str, int], pos: dict[str, int]) -> tuple[list[tuple[int, int, str]],
+                                                                         dict[str, tuple[int, int, str]]]:
+    """The free nodes' keys (-free GPUs, position in the nodes' order, node), sorted, and node -> its key: of every
+    node with a free GPU in `free_g`."""
+    keys = sorted([(-g, pos[n], n) for n, g in free_g.items() if g > 0])
+    return keys, {k[2]: k for k in keys}
+
+
 def _put_free(keys: list[tuple[int, int, str]], of: dict[str, tuple[int, int, str]], node: str, g: int,
               pos: dict[str, int]) -> None:
     """Put `node`, with `g` free GPUs now, in its place among the free nodes' keys (`keys`: (-free GPUs, position in the
@@ -121,9 +129,8 @@ class _NodeIndex:
         then only the nodes written since put in place again."""
         keys = self._free_keys
         if keys is None:
-            pos = self._pos
-            keys = self._free_keys = sorted([(-g, pos[n], n) for n, g in self.free_g.items() if g > 0])
-            self._free_key_of = {k[2]: k for k in keys}
+            keys, self._free_key_of = _free_keys_of(self.free_g, self._pos)
+            self._free_keys = keys
             self._free_dirty.clear()
         elif self._free_dirty:
             of, free_g, pos = self._free_key_of, self.free_g, self._pos

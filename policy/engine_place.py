@@ -3,7 +3,7 @@ and that placement kept for the next round to patch (`_PlaceBase`)."""
 
 from __future__ import annotations
 
-from .engine_index import _put_free
+from .engine_index import _free_keys_of, _put_free
 from .records import _NOBODY, _Job
 
 PATCH_SHARE = 4
@@ -26,9 +26,7 @@ class _PlaceBase:
                  rows: dict) -> None:
         self.layout, self.free_g, self.free_c, self.free_m = layout, free_g, free_c, free_m
         self.on_node, self.placed, self.rows = on_node, placed, rows
-        pos = layout[10]
-        self.free_keys = sorted([(-g, pos[n], n) for n, g in free_g.items() if g > 0])
-        self.free_key_of = {k[2]: k for k in self.free_keys}
+        self.free_keys, self.free_key_of = _free_keys_of(free_g, layout[10])
 
 
 def _rows(job: _Job) -> list:
