@@ -676,13 +676,13 @@ class _Search:
         asks for gives is no more than `restarts` restarts cost (or that speed is not over its own): no change its
         search could make pays for them. The speed its allocation has now, grown to those GPUs packed (its curve), is
         read first: where that would pay, so would the most, which is then not worked out."""
-        book, kind, inp = self.book, job.inp.kind, job.inp
+        book, kind = self.book, job.inp.kind
         target = max(job.want_g, job.min_g)
         if target > book.max_gpus:
             return False
-        gbs, old, cost = kind.global_batch, job.best.throughput, self.restart_cost_s * restarts
+        old, cost = job.best.throughput, self.restart_cost_s * restarts
         known = float(book.gpu_curve(kind, job.cpg)[target])  # one allocation it could gather: no more than the most
-        if known > old * (1 + 1e-9) and inp.remaining_iters * (gbs / old - gbs / known) > cost:
+        if known > old * (1 + 1e-9) and self._saved_s(job, old, known) > cost:
             return False
         top = book.ceiling(kind, target, self._node_most)
         if top is None:
@@ -690,7 +690,7 @@ class _Search:
         top *= 1 + 1e-9  # the floor under the times is exact but for rounding
         if job.privileged and job.request is not None and job.request.throughput > top:
             top = job.request.throughput  # a guarantee may end on its own request (`_guarded`)
-        return top <= old * (1 + 1e-9) or inp.remaining_iters * (gbs / old - gbs / top) <= cost
+        return top <= old * (1 + 1e-9) or self._saved_s(job, old, top) <= cost
 
     def _cannot_pay(self, job: _Job, g0: int, restarts: int) -> bool:
         """Whether a change of a running job that held `g0` GPUs when its attempt in the queue began, costing `restarts`
@@ -729,6 +729,10 @@ class _Search:
     def _pays(self, job: _Job, old: Best, new: Best, restarts: int) -> bool:
         """Whether the time a running job saves over its remaining iterations, going from `old` to the faster `new`,
         exceeds the cost of `restarts` restarts."""
+        return self._saved_s(job, old.throughput, new.throughput) > self.restart_cost_s * restarts
+
+    @staticmethod
+    def _saved_s(job: _Job, old: float, new: float) -> float:
+        """The seconds a running job saves over its remaining iterations going from `old` samples/s to `new`."""
         gbs = job.inp.kind.global_batch
-        saved = job.inp.remaining_iters * (gbs / old.throughput - gbs / new.throughput)
-        return saved > self.restart_cost_s * restarts
+        return job.inp.remaining_iters * (gbs / old - gbs / new)
