@@ -140,7 +140,8 @@ class RubickEngine(_Guarantees, _NodeIndex, _Search, _Outcomes, _Placing, _Dorma
         """the same for the keys of the jobs not held (`_unheld_keys`)"""
         self._within: dict[tuple, np.ndarray] = {}
         """the last key of a prefix of `by_down` -> which nodes, by name, have their lowest key in `_node_keys` within
-        it (`_shrinkable_listed`), while no node's lowest key changed (`_low_changed`)"""
+        it (`_shrinkable_listed`), for the round: a node's lowest key changed, its entries are written again
+        (`_low_changed`)"""
         last_round = getattr(self, "jobs", {})
         """the last round's records, made again for this round's jobs (`_prepare`); nothing else keeps them"""
         last_awake = getattr(self, "_awake", ())

@@ -202,9 +202,10 @@ class _NodeIndex:
 
     def _shrinkable_listed(self, end: int, seen: set[str]) -> tuple[list[str], np.ndarray]:
         """`_shrinkable` for a long prefix, from the lowest keys listed under the nodes. Which nodes' lowest keys are
-        within the prefix depends on its last key and on the lowest keys alone: it is kept by that key
-        (`_within`) until a node's lowest key changes (`_low_changed`), and most attempts of a round that keep nothing
-        ask it again (on the 100x trace's first hours, 94 of 100 calls)."""
+        within the prefix depends on its last key and on the lowest keys alone: it is kept by that key (`_within`)
+        for the round, and a node's entry in each prefix kept is written again when its lowest key changes
+        (`_low_changed`): most attempts of a round ask it again (on the 100x trace's first hours, 94 of 100 calls),
+        and a kept attempt changes the lowest keys of a few nodes only."""
         bound = self.by_down[end - 1]
         within = self._within.get(bound)
         if within is None:
@@ -219,7 +220,6 @@ class _NodeIndex:
                 within[i] = node_keys[self._by_name[i]][0] <= bound  # a tie of the order too, or a slope not a number
             if len(self._within) >= _WITHIN_KEPT:
                 self._within.clear()
-            within.setflags(write=False)
             self._within[bound] = within
         if seen:
             within = within.copy()
@@ -592,8 +592,14 @@ class _NodeIndex:
     def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray,
                      o: np.ndarray | None) -> None:
         i = self._nidx[node]
-        if o is not None and self._within:  # the lowest keys of `_node_keys`: what `_shrinkable_listed` kept is stale
-            self._within.clear()
+        if o is not None and self._within:  # the lowest keys of `_node_keys`: the node in what `_shrinkable_listed` kept
+            if keys:
+                low = keys[0]
+                for bound, within in self._within.items():
+                    within[i] = low <= bound  # what working it out compares, whole keys (a tie, a slope not a number)
+            else:
+                for within in self._within.values():
+                    within[i] = False  # no key listed: the arrays' infinities are within no prefix
         if keys:
             low = keys[0]
             p[i], s[i] = low[0], low[1]

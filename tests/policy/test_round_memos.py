@@ -478,9 +478,16 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
     listed under each node (`_shrinkable_listed`, run here for every prefix), are the nodes where the prefix's jobs
     hold GPUs, as reading the jobs themselves gives, by name, with their indices among the nodes by name, also where
     `_shrinkable_listed` answers from what it kept of an earlier call; the arrays of the lowest keys are those the
-    lists give, and the lists of the keys of jobs not held those of `_node_keys` less the held jobs' keys."""
+    lists give, and the lists of the keys of jobs not held those of `_node_keys` less the held jobs' keys. Every
+    prefix kept says of each node whether its lowest key listed is at or below the prefix's last key, also after a
+    lowest key changed since it was worked out (its entries are written again, `_low_changed`)."""
     real = engine_mod.RubickEngine._shrinkable
-    seen = {"calls": 0, "nodes": 0, "ties": 0, "held": 0, "kept": 0}
+    real_low = engine_mod.RubickEngine._low_changed
+    seen = {"calls": 0, "nodes": 0, "ties": 0, "held": 0, "kept": 0, "rewritten": 0, "prefixes": 0}
+
+    def low_changed(self, node, keys, p, s, o):
+        seen["rewritten"] += o is not None and bool(self._within)  # a lowest key changed under kept prefixes
+        return real_low(self, node, keys, p, s, o)
 
     def checked(self, end, mine):
         jobs = self.jobs
@@ -494,7 +501,11 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
             seen["held"] += len(keys) - len(unheld)
         bound = self.by_down[end - 1]
         seen["ties"] += sum(1 for keys in self._node_keys.values() if keys and keys[0][:2] == bound[:2])
-        seen["kept"] += bound in self._within  # worked out by an earlier call, no lowest key changed since
+        seen["kept"] += bound in self._within  # worked out by an earlier call of the round
+        for last, within in self._within.items():
+            lows = [self._node_keys[name] for name in self._by_name]
+            assert within.tolist() == [bool(keys) and keys[0] <= last for keys in lows]
+            seen["prefixes"] += 1
         for names, idx in (real(self, end, mine), self._shrinkable_listed(end, mine)):
             assert names == held
             assert [self._by_name[i] for i in idx] == held
@@ -503,9 +514,10 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
         return real(self, end, mine)
 
     monkeypatch.setattr(engine_mod.RubickEngine, "_shrinkable", checked)
+    monkeypatch.setattr(engine_mod.RubickEngine, "_low_changed", low_changed)
     drive(seed, nodes=16, jobs=160, steps=30, cpus=12)
     assert seen["calls"] > 50 and seen["nodes"] > 50 and seen["ties"] > 0 and seen["held"] > 50, seen
-    assert seen["kept"] > 10, seen
+    assert seen["kept"] > 10 and seen["rewritten"] > 10 and seen["prefixes"] > 50, seen
 
 
 @pytest.mark.parametrize("seed,skip_from", [(1, 0), (2, 0), (1, 10**9), (2, 10**9)])
