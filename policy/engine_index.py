@@ -592,7 +592,7 @@ class _NodeIndex:
     def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray,
                      o: np.ndarray | None) -> None:
         i = self._nidx[node]
-        if o is not None and self._within:  # the lowest keys of `_node_keys`: the node in what `_shrinkable_listed` kept
+        if o is not None and self._within:  # a lowest key of `_node_keys`: the node in what `_shrinkable_listed` kept
             if keys:
                 low = keys[0]
                 for bound, within in self._within.items():
