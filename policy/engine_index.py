@@ -592,16 +592,11 @@ class _NodeIndex:
     def _low_changed(self, node: str, keys: list[tuple[int, float, int, str]], p: np.ndarray, s: np.ndarray,
                      o: np.ndarray | None) -> None:
         i = self._nidx[node]
-        if o is not None and self._within:  # a lowest key of `_node_keys`: the node in what `_shrinkable_listed` kept
-            if keys:
-                low = keys[0]
-                for bound, within in self._within.items():
-                    within[i] = low <= bound  # what working it out compares, whole keys (a tie, a slope not a number)
-            else:
-                for within in self._within.values():
-                    within[i] = False  # no key listed: the arrays' infinities are within no prefix
-        if keys:
-            low = keys[0]
+        low = keys[0] if keys else None
+        if o is not None and self._within:  # a lowest key of `_node_keys`: the node in what `_shrinkable_listed` kept,
+            for bound, within in self._within.items():  # the whole keys compared, as working it out compares a tie or
+                within[i] = low is not None and low <= bound  # a slope not a number; with no key, within none
+        if low is not None:
             p[i], s[i] = low[0], low[1]
             if o is not None:
                 o[i] = low[2]

@@ -502,8 +502,8 @@ def test_the_nodes_a_job_may_shrink_are_those_its_prefix_holds(monkeypatch, seed
         bound = self.by_down[end - 1]
         seen["ties"] += sum(1 for keys in self._node_keys.values() if keys and keys[0][:2] == bound[:2])
         seen["kept"] += bound in self._within  # worked out by an earlier call of the round
+        lows = [self._node_keys[name] for name in self._by_name]
         for last, within in self._within.items():
-            lows = [self._node_keys[name] for name in self._by_name]
             assert within.tolist() == [bool(keys) and keys[0] <= last for keys in lows]
             seen["prefixes"] += 1
         for names, idx in (real(self, end, mine), self._shrinkable_listed(end, mine)):
