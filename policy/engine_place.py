@@ -54,12 +54,12 @@ class _Placing:
         if base is None or base.layout is not layout or not self._patch_placement(base):
             self._wake_dormant()  # every job placed in turn: the dormant ones too
             base = self._place_base = self._place_all(layout)
-            if base is not None:  # the same free GPUs as the round's
-                self._free_keys, self._free_key_of = base.free_keys.copy(), dict(base.free_key_of)
-            return
-        self.free_g, self.free_c, self.free_m = dict(base.free_g), dict(base.free_c), dict(base.free_m)
-        self.on_node, self.placed = dict(base.on_node), dict(base.placed)
-        self._free_keys, self._free_key_of = base.free_keys.copy(), dict(base.free_key_of)
+            if base is None:  # a job cut: nothing kept, the free nodes' keys made at the round's first need of them
+                return
+        else:
+            self.free_g, self.free_c, self.free_m = dict(base.free_g), dict(base.free_c), dict(base.free_m)
+            self.on_node, self.placed = dict(base.on_node), dict(base.placed)
+        self._free_keys, self._free_key_of = base.free_keys.copy(), dict(base.free_key_of)  # the round's free GPUs
 
     def _place_all(self, layout: tuple) -> _PlaceBase | None:
         """`_place_current` from the nodes' capacities, every job awake placed in turn; the placement to keep, or None
