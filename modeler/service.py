@@ -113,6 +113,10 @@ class ModelerCore:
         self.job_batch: dict[str, int] = {}
         self._seq = 0
         self.refit_folds = refit_folds
+        self._shapes: dict[tuple, tuple[Config, tuple, tuple]] = {}
+        """(plan, GPUs per node, CPUs per GPU, global batch, TP across nodes allowed) of a measurement -> its
+        `Config`, `config_row` and `_config_key`: a running job reports the same configuration again and again.
+        Emptied when it holds `max_seen`."""
         for key in sorted(models):
             self.types[key] = _TypeState(model=models[key], params=(params or {}).get(key),
                                          anchors=(anchors or {}).get(key),
@@ -186,12 +190,19 @@ class ModelerCore:
         if event.id in st.seen:
             return []
         gbs = self.job_batch.get(m.job_id, st.model.spec.global_batch_size)
-        cfg = Config(plan=m.plan, gpus_per_node=tuple(m.gpus_per_node), cpus_per_gpu=m.cpus_per_gpu,
-                     global_batch_size=gbs)
-        try:
-            row = config_row(cfg, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
-        except ConfigError as exc:
-            return self._reject(event, m, f"impossible configuration: {exc.detail}", "plan")
+        allow = st.model.allow_tp_across_nodes
+        shape = (m.plan, tuple(m.gpus_per_node), m.cpus_per_gpu, gbs, allow)
+        known = self._shapes.get(shape)
+        if known is None:  # a configuration not seen lately: checked, and its row and key made, once
+            cfg = Config(plan=m.plan, gpus_per_node=shape[1], cpus_per_gpu=m.cpus_per_gpu, global_batch_size=gbs)
+            try:
+                row = config_row(cfg, allow_tp_across_nodes=allow)
+            except ConfigError as exc:
+                return self._reject(event, m, f"impossible configuration: {exc.detail}", "plan")
+            if len(self._shapes) >= self.max_seen:
+                self._shapes.clear()
+            known = self._shapes[shape] = (cfg, row, _config_key(cfg))
+        cfg, row, key = known
         for name in ("fwd_s", "bwd_s", "opt_s"):
             part = getattr(m, name)
             if part is not None and part > m.iter_time_s:
@@ -201,34 +212,35 @@ class ModelerCore:
         seen[event.id] = None
         if len(seen) > self.max_seen:
             del seen[next(iter(seen))]
-        self._keep(st, _Point(self._seq, event.id, cfg, m.iter_time_s, *(
-            np.nan if v is None else float(v) for v in (m.fwd_s, m.bwd_s, m.opt_s)), row))
+        fwd, bwd, opt = m.fwd_s, m.bwd_s, m.opt_s
+        self._keep(st, _Point(self._seq, event.id, cfg, m.iter_time_s, np.nan if fwd is None else float(fwd),
+                              np.nan if bwd is None else float(bwd), np.nan if opt is None else float(opt), row), key)
         self._seq += 1
 
         if st.params is None:
             return self._refit(event, m.model_type, st, "first fit")
-        pred = self._predicted(st, cfg)
-        st.errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
-        del st.errors[:-self.window]
-        mean = float(np.mean(st.errors))
+        pred = self._predicted(st, cfg, key)
+        errors = st.errors
+        errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
+        del errors[:-self.window]
+        mean = float(np.add.reduce(np.array(errors))) / len(errors)  # np.mean's own sum and division, fewer checks
         if len(st.errors) >= self.min_window and mean > self.threshold:
             return self._refit(event, m.model_type, st,
                                f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(st.errors)} points")
         return []
 
-    def _predicted(self, st: _TypeState, cfg: Config) -> float:
-        """The current parameters' prediction for one configuration, remembered until they change
-        (a running job reports the same configuration again and again)."""
+    def _predicted(self, st: _TypeState, cfg: Config, key: tuple) -> float:
+        """The current parameters' prediction for one configuration (`key`: its `_config_key`), remembered until they
+        change (a running job reports the same configuration again and again)."""
         if st.predicted_by is not st.params:
             st.predicted, st.predicted_by = {}, st.params
-        key = _config_key(cfg)
         pred = st.predicted.get(key)
         if pred is None:
             pred = st.predicted[key] = float(self._predict_with(st, st.params, [cfg])[0])
         return pred
 
-    def _keep(self, st: _TypeState, point: _Point) -> None:
-        key = _config_key(point.config)
+    def _keep(self, st: _TypeState, point: _Point, key: tuple) -> None:
+        """Keep `point` under its configuration's key (`_config_key`)."""
         kept = st.points.setdefault(key, [])
         kept.append(point)
         del kept[:-self.per_config]

@@ -325,3 +325,66 @@ def test_a_refit_of_the_same_points_as_the_last_unpublished_one_is_answered_with
     assert 1 <= memo_fits[119] - memo_fits[59] <= 3
     # the adopted parameters (the same points): one fit, then none
     assert memo_fits[-1] - memo_fits[120] == 1 and every_fits[-1] - every_fits[120] >= 10
+
+
+def test_a_configuration_measured_again_is_taken_as_one_checked_afresh(env):
+    """The core checks a measurement's configuration and makes its row and key once, and takes them again for a
+    measurement of the same plan, placement, CPUs per GPU and batch under a type with the same rule for TP across
+    nodes. Over a stream that mixes jobs of two batches, three CPU counts, a plan one type may run across nodes and
+    the other may not (in both orders), and a table of configurations emptied as it fills (`max_seen` 5): every
+    kept point holds the configuration, row and key made afresh from its own measurement, every error entered is
+    the one against a prediction made afresh, every refit's reason gives the window's mean as `np.mean` does, and
+    what is rejected is exactly what a check afresh rejects."""
+    from modeler.configs import ConfigError, config_row
+    from modeler.service import _config_key
+
+    core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml"), "llama30": load_model(MODELS / "llama30.yaml")},
+                       env, {"gpt2": SEED, "llama30": SEED})
+    core.max_seen = 5
+    batches = {"g-16": ("gpt2", 16), "g-64": ("gpt2", 64), "l-16": ("llama30", 16)}
+    for job, (model, gbs) in batches.items():
+        spec = core.types[model].model.spec
+        sub = JobSubmitted(job_id=job, tenant="t", guaranteed=False, model=ModelRef(type=model, spec=spec),
+                           global_batch_size=gbs, plan=Plan(dp=2), resources=Resources(gpus=2, cpus=8, mem_gb=10.0),
+                           target_iterations=10)
+        core.handle(make("job.submitted", sub, time=0.0, id=f"s-{job}", source="test"))
+    shapes = [(Plan(dp=8), (8,)), (Plan(dp=8), (4, 4)), (Plan(dp=2, tp=4), (4, 4)), (Plan(dp=1, tp=8), (4, 4)),
+              (Plan(dp=4, zero_stage=2, offload=True), (2, 2))]
+    rng = np.random.default_rng(11)
+    taken: dict[str, Config] = {}
+    refits = rejected = 0
+    for n in range(400):
+        job = ("g-16", "g-64", "l-16")[int(rng.integers(3))]
+        model, gbs = batches[job]
+        plan, gpn = shapes[int(rng.integers(len(shapes)))]
+        cpus = (None, 4, 8)[int(rng.integers(3))]
+        cfg = Config(plan=plan, gpus_per_node=gpn, cpus_per_gpu=cpus, global_batch_size=gbs)
+        st = core.types[model]
+        try:
+            row = config_row(cfg, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+        except ConfigError:
+            row = None
+        pred = float(core.predict(model, [cfg])[0]) if row is not None else 1.0
+        t = pred * float(rng.choice([0.7, 1.0, 1.4]))
+        before = list(st.errors)
+        payload = MetricsIteration(job_id=job, model_type=model, iteration=n, iter_time_s=t, plan=plan,
+                                   gpus_per_node=gpn, cpus_per_gpu=cpus)
+        out = core.handle(make("metrics.iteration", payload, time=1000.0 + n, id=f"m-{n}", source="test"))
+        if row is None:
+            assert [e.subject for e in out] == ["metrics.rejected"]
+            rejected += 1
+            continue
+        assert all(e.subject == "model.updated" for e in out)
+        taken[f"m-{n}"] = cfg
+        window = (before + [abs(pred - t) / t])[-core.window:]
+        if st.errors and st.errors != window:  # emptied by a refit
+            raise AssertionError(f"event {n}: errors {st.errors} where {window} were expected")
+        for e in out:
+            refits += 1
+            assert e.payload.reason.startswith(f"rolling error {float(np.mean(window)):.1%} > ")
+        for key, points in st.points.items():
+            for p in points:
+                assert p.config == taken[p.event_id] and p.row == config_row(
+                    taken[p.event_id], allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+                assert key == _config_key(p.config)
+    assert rejected > 20 and refits > 0 and len(core._shapes) <= core.max_seen
