@@ -116,7 +116,8 @@ class ModelerCore:
         self._shapes: dict[tuple, tuple[Config, tuple, tuple]] = {}
         """(plan, GPUs per node, CPUs per GPU, global batch, TP across nodes allowed) of a measurement -> its
         `Config`, `config_row` and `_config_key`: a running job reports the same configuration again and again.
-        Emptied when it holds `max_seen`."""
+        Emptied when it holds `max_shapes`."""
+        self.max_shapes = 4096
         for key in sorted(models):
             self.types[key] = _TypeState(model=models[key], params=(params or {}).get(key),
                                          anchors=(anchors or {}).get(key),
@@ -199,7 +200,7 @@ class ModelerCore:
                 row = config_row(cfg, allow_tp_across_nodes=allow)
             except ConfigError as exc:
                 return self._reject(event, m, f"impossible configuration: {exc.detail}", "plan")
-            if len(self._shapes) >= self.max_seen:
+            if len(self._shapes) >= self.max_shapes:
                 self._shapes.clear()
             known = self._shapes[shape] = (cfg, row, _config_key(cfg))
         cfg, row, key = known
@@ -224,9 +225,9 @@ class ModelerCore:
         errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
         del errors[:-self.window]
         mean = float(np.add.reduce(np.array(errors))) / len(errors)  # np.mean's own sum and division, fewer checks
-        if len(st.errors) >= self.min_window and mean > self.threshold:
+        if len(errors) >= self.min_window and mean > self.threshold:
             return self._refit(event, m.model_type, st,
-                               f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(st.errors)} points")
+                               f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(errors)} points")
         return []
 
     def _predicted(self, st: _TypeState, cfg: Config, key: tuple) -> float:

@@ -331,7 +331,7 @@ def test_a_configuration_measured_again_is_taken_as_one_checked_afresh(env):
     """The core checks a measurement's configuration and makes its row and key once, and takes them again for a
     measurement of the same plan, placement, CPUs per GPU and batch under a type with the same rule for TP across
     nodes. Over a stream that mixes jobs of two batches, three CPU counts, a plan one type may run across nodes and
-    the other may not (in both orders), and a table of configurations emptied as it fills (`max_seen` 5): every
+    the other may not (in both orders), and a table of configurations emptied as it fills (`max_shapes` 5): every
     kept point holds the configuration, row and key made afresh from its own measurement, every error entered is
     the one against a prediction made afresh, every refit's reason gives the window's mean as `np.mean` does, and
     what is rejected is exactly what a check afresh rejects."""
@@ -340,7 +340,7 @@ def test_a_configuration_measured_again_is_taken_as_one_checked_afresh(env):
 
     core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml"), "llama30": load_model(MODELS / "llama30.yaml")},
                        env, {"gpt2": SEED, "llama30": SEED})
-    core.max_seen = 5
+    core.max_shapes = 5
     batches = {"g-16": ("gpt2", 16), "g-64": ("gpt2", 64), "l-16": ("llama30", 16)}
     for job, (model, gbs) in batches.items():
         spec = core.types[model].model.spec
@@ -387,4 +387,4 @@ def test_a_configuration_measured_again_is_taken_as_one_checked_afresh(env):
                 assert p.config == taken[p.event_id] and p.row == config_row(
                     taken[p.event_id], allow_tp_across_nodes=st.model.allow_tp_across_nodes)
                 assert key == _config_key(p.config)
-    assert rejected > 20 and refits > 0 and len(core._shapes) <= core.max_seen
+    assert rejected > 20 and refits > 0 and len(core._shapes) <= core.max_shapes
