@@ -144,6 +144,9 @@ class ModelerCore:
 
     def _predict_with(self, st: _TypeState, params: PerfParams, configs: list[Config]) -> np.ndarray:
         batch = ConfigBatch.from_configs(configs, allow_tp_across_nodes=st.model.allow_tp_across_nodes)
+        return self._predict_batch(st, params, batch)
+
+    def _predict_batch(self, st: _TypeState, params: PerfParams, batch: ConfigBatch) -> np.ndarray:
         return t_iter(st.model, self.env, params, resolve_ga(st.model, self.env, batch))
 
     def snapshot(self) -> dict:
@@ -220,7 +223,7 @@ class ModelerCore:
 
         if st.params is None:
             return self._refit(event, m.model_type, st, "first fit")
-        pred = self._predicted(st, cfg, key)
+        pred = self._predicted(st, row, key)
         errors = st.errors
         errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
         del errors[:-self.window]
@@ -230,14 +233,15 @@ class ModelerCore:
                                f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(errors)} points")
         return []
 
-    def _predicted(self, st: _TypeState, cfg: Config, key: tuple) -> float:
-        """The current parameters' prediction for one configuration (`key`: its `_config_key`), remembered until they
-        change (a running job reports the same configuration again and again)."""
+    def _predicted(self, st: _TypeState, row: tuple, key: tuple) -> float:
+        """The current parameters' prediction for one configuration (`row`: its `config_row`, checked already; `key`:
+        its `_config_key`), remembered until they change (a running job reports the same configuration again and
+        again)."""
         if st.predicted_by is not st.params:
             st.predicted, st.predicted_by = {}, st.params
         pred = st.predicted.get(key)
         if pred is None:
-            pred = st.predicted[key] = float(self._predict_with(st, st.params, [cfg])[0])
+            pred = st.predicted[key] = float(self._predict_batch(st, st.params, ConfigBatch.from_rows([row]))[0])
         return pred
 
     def _keep(self, st: _TypeState, point: _Point, key: tuple) -> None:
