@@ -20,10 +20,13 @@ the reason, when it pays: its mean relative error on the kept points must be at 
 (default 10%) lower than the current parameters'. Otherwise the current parameters stay and the
 window starts again: an error the model's form cannot follow (a placement it has no term for) would
 else be refitted every few measurements, and every `model.updated` makes the policy recompute the
-type's curves. A refit of the same points (configurations and times) from the same parameters as the last
-refit that published nothing is answered as that one was, without fitting again: a job measured again and
-again on the same configurations keeps its last few points the same. Re-handling an event id already seen
-for a type changes nothing.
+type's curves. With `refit_backoff` n > 0, a type whose last k refits in a row fitted and published nothing
+waits for `min_window` * 2^min(k, n) measurements after the window starts again before the next (each such
+refit is a fit that pays nothing); a published or adopted `model.updated` ends the run of unpaid ones. A refit
+that finds too few points to fit leaves the window as it is and is not counted. A refit of the same points
+(configurations and times) from the same parameters as the last refit that published nothing is answered as
+that one was, without fitting again: a job measured again and again on the same configurations keeps its last
+few points the same. Re-handling an event id already seen for a type changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Mapping
 import numpy as np
 
 from controlplane.events import Event, JobSubmitted, MetricsIteration, ModelUpdated, Rejected, make
+from controlplane.events.payloads import MAX_REFIT_BACKOFF
 
 from .configs import Config, ConfigBatch, ConfigError, config_row
 from .env import Environment
@@ -78,6 +82,10 @@ class _TypeState:
     """the agreed fitting points the parameters were seeded from: every refit keeps them"""
     bounds: dict[str, float] | None = None
     """the parameters' error bounds (`modeler.uncertainty.Uncertainty.margins`); None = not estimated"""
+    waited: int = 0
+    """measurements whose error entered the window since it last started again"""
+    unpaid_in_a_row: int = 0
+    """refits in a row that fitted and published nothing (`ModelerCore.refit_backoff`)"""
     unpaid: tuple | None = None
     """the last refit that published nothing: (the parameters it started from, what its points held, whether it
     started the window again); a refit of the same is answered the same way without fitting again"""
@@ -100,8 +108,11 @@ class ModelerCore:
                  max_configs: int = 64, max_seen: int = 4096, min_gain: float = 0.10,
                  anchors: Mapping[str, Measurements] | None = None,
                  bounds: Mapping[str, Mapping[str, float]] | None = None,
-                 refit_folds: int = REFIT_FOLDS) -> None:
+                 refit_folds: int = REFIT_FOLDS, refit_backoff: int = 0) -> None:
+        if not 0 <= refit_backoff <= MAX_REFIT_BACKOFF:
+            raise ValueError(f"refit_backoff must be 0..{MAX_REFIT_BACKOFF}, got {refit_backoff!r}")
         self.env = env
+        self.refit_backoff = refit_backoff
         self.threshold = threshold
         self.min_gain = min_gain
         self.window = window
@@ -155,7 +166,7 @@ class ModelerCore:
         for key in sorted(self.types):
             st = self.types[key]
             out[key] = {"version": st.version, "params": None if st.params is None else st.params.as_dict(),
-                        "errors": list(st.errors),
+                        "errors": list(st.errors), "waited": st.waited, "unpaid_in_a_row": st.unpaid_in_a_row,
                         "points": {repr(k): [(p.event_id, p.iter_time_s) for p in v]
                                    for k, v in sorted(st.points.items(), key=lambda kv: repr(kv[0]))}}
         return out
@@ -176,7 +187,7 @@ class ModelerCore:
             params = PerfParams.from_dict(dict(upd.params))
         except ValueError:
             return
-        st.params, st.version, st.errors = params, upd.version, []
+        st.params, st.version, st.errors, st.waited, st.unpaid_in_a_row = params, upd.version, [], 0, 0
         if upd.error_bounds is not None:
             st.bounds = clean_bounds(upd.error_bounds)
 
@@ -227,11 +238,21 @@ class ModelerCore:
         errors = st.errors
         errors.append(abs(pred - m.iter_time_s) / m.iter_time_s)
         del errors[:-self.window]
+        st.waited += 1
         mean = float(np.add.reduce(np.array(errors))) / len(errors)  # np.mean's own sum and division, fewer checks
-        if len(errors) >= self.min_window and mean > self.threshold:
+        if len(errors) >= self.min_window and mean > self.threshold and st.waited >= self._wait(st):
             return self._refit(event, m.model_type, st,
                                f"rolling error {mean:.1%} > {self.threshold:.0%} over {len(errors)} points")
         return []
+
+    def _wait(self, st: _TypeState) -> int:
+        """Measurements the window must have taken since it started again before a refit (`refit_backoff`)."""
+        return self.min_window << min(st.unpaid_in_a_row, self.refit_backoff)
+
+    def _unpaid(self, st: _TypeState) -> None:
+        """A refit fitted and published nothing: the window starts again, and the next refit waits longer."""
+        st.errors, st.waited = [], 0
+        st.unpaid_in_a_row += 1
 
     def _predicted(self, st: _TypeState, row: tuple, key: tuple) -> float:
         """The current parameters' prediction for one configuration (`row`: its `config_row`, checked already; `key`:
@@ -261,7 +282,7 @@ class ModelerCore:
         last = st.unpaid
         if last is not None and last[0] is st.params and last[1] == held:
             if last[2]:
-                st.errors = []
+                self._unpaid(st)
             return []
         result = seen = None
         for subset in (pts, [p for p in pts if not p.config.plan.offload]):
@@ -287,7 +308,7 @@ class ModelerCore:
             old = float(np.mean(np.abs(t_iter(st.model, self.env, st.params, batch) - times) / times))
             new = float(np.mean(np.abs(t_iter(st.model, self.env, params, batch) - times) / times))
             if not new < old * (1 - self.min_gain):
-                st.errors = []  # no better: keep the parameters, and wait for a new window
+                self._unpaid(st)  # no better: keep the parameters, and wait for a new window
                 st.unpaid = (st.params, held, True)
                 return []
         bounds = None
@@ -295,6 +316,7 @@ class ModelerCore:
             sigma, used, by = out_of_fold(st.model, self.env, seen, result, folds=self.refit_folds)
             bounds = Uncertainty(sigma, used, by_family=by).margins() if used else None
         st.params, st.version, st.errors, st.bounds, st.unpaid = params, st.version + 1, [], bounds, None
+        st.waited = st.unpaid_in_a_row = 0
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason,
                                error_bounds=bounds)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controlplane.cli.common import fail
-from controlplane.events.payloads import NETWORK_SETTINGS
+from controlplane.events.payloads import MAX_REFIT_BACKOFF, NETWORK_SETTINGS
 
 from .progress import add_flag as add_progress_flag, enabled as progress_enabled
 
@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hold-backoff", type=float, default=3600.0,
                    help="seconds within which each change of a job doubles its hold (at most 16 times), so a job "
                         "shrunk and grown back again and again is left alone longer (default 3600; 0 = none)")
+    p.add_argument("--refit-backoff", type=int, default=6, metavar="N",
+                   help="a model type whose last k refits in a row published nothing waits for 5 * 2^min(k, N) "
+                        "measurements before its next refit, so a model that cannot follow a type is not fitted "
+                        "again every few measurements (0 to 20; default 6; 0 = 5 every time)")
     p.add_argument("--sample-every", type=float, default=600.0,
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")
@@ -180,6 +184,8 @@ def _simulate(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.network_classes > 8:
         return fail(f"--network-classes must be 1 to 8, got {args.network_classes}")
+    if not 0 <= args.refit_backoff <= MAX_REFIT_BACKOFF:
+        return fail(f"--refit-backoff must be 0 to {MAX_REFIT_BACKOFF}, got {args.refit_backoff}")
     if args.network == "none" and (args.rack_size or args.oversubscription != 1.0 or args.network_classes != 4):
         return fail("--network-classes, --rack-size and --oversubscription describe a network: give --network too")
     default_cost = ARTIFACT_COST_S if args.artifact_costs else None
@@ -237,7 +243,8 @@ def _simulate(args: argparse.Namespace) -> int:
                      max_time_s=args.max_time_h * 3600, trace=str(args.trace),
                      trace_sha256=hashlib.sha256(args.trace.read_bytes()).hexdigest(), trace_layout=trace.layout,
                      scale=args.scale, on_bad=args.on_bad, batch_s=args.batch,
-                     hold_s=args.hold, hold_backoff_s=args.hold_backoff, network=args.network, network_classes=args.network_classes,
+                     hold_s=args.hold, hold_backoff_s=args.hold_backoff, refit_backoff=args.refit_backoff,
+                     network=args.network, network_classes=args.network_classes,
                      rack_size=args.rack_size, oversubscription=args.oversubscription)
     from .progress import sim as sim_progress
 

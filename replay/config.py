@@ -77,6 +77,9 @@ class RunConfig:
     """rack uplink capacity = the rack's NIC capacity / this"""
     refit_folds: int = 5
     """see `modeler.service.ModelerCore`: folds of the out-of-fold error a refit publishes as its bound"""
+    refit_backoff: int = 6
+    """see `modeler.service.ModelerCore.refit_backoff`: a model type whose last k refits in a row published
+    nothing waits for 5 * 2^min(k, this) measurements before its next refit; 0 = 5 every time"""
     anchors: str = field(default_factory=lambda: fit_points_digest())
     """digest of the agreed fitting points (`FIT_POINTS`) every online refit keeps beside the measured
     points; "" = refits on the measured points only"""
@@ -97,6 +100,7 @@ class RunConfig:
         values.setdefault("hold_backoff_s", 0.0)  # ... and held every job alike
         values.setdefault("refit_min_gain", 0.0)  # ... and published every refit
         values.setdefault("refit_folds", 0)  # ... without an error bound
+        values.setdefault("refit_backoff", 0)  # ... and refitted as often after an unpaid refit as after any
         values.setdefault("anchors", "")  # ... on the measured points alone
         return RunConfig(**values)
 
@@ -324,7 +328,7 @@ def control_cores(cfg: RunConfig, parts: Parts, policy_factory: PolicyFactory | 
     factory = policy_factory or registry_policy
     modeler = ModelerCore(parts.models, parts.env, parts.perf_params(), min_gain=cfg.refit_min_gain,
                           anchors=fit_anchors(cfg.anchors, parts.models), bounds=parts.bounds,
-                          refit_folds=cfg.refit_folds)
+                          refit_folds=cfg.refit_folds, refit_backoff=cfg.refit_backoff)
     cores = [AdmissionCore(known_models=sorted(parts.models)), modeler, factory(cfg, parts)]
     net = network_core(cfg, parts)
     return cores if net is None else [*cores, net]

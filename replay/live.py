@@ -166,7 +166,7 @@ DESCRIBED = "run.described"
 DESCRIBED_SERVICES = ("admission", "modeler", "policy")
 """The services whose cores replay rebuilds, in the order `control_cores` builds them."""
 DESCRIBED_SETTINGS = ("policy", "cluster", "oracle", "restart_cost_s", "quotas", "batch_s", "hold_s",
-                      "refit_min_gain", "refit_folds", "anchors", "hold_backoff_s")
+                      "refit_min_gain", "refit_folds", "anchors", "hold_backoff_s", "refit_backoff")
 """The `RunConfig` fields a description carries (the rest only matter to simulated runs)."""
 NETWORK_SERVICE = "policy"
 """The service whose active replica runs the network scheduler beside its core (`--network`); its description

@@ -421,6 +421,8 @@ NETWORK_MODES = ("fair", "coflow", "echelonflow")
 NETWORK_SETTINGS = ("none", *NETWORK_MODES)
 """What `--network` accepts: no network scheduler, or one of its modes."""
 MAX_TRAFFIC_CLASSES = 8
+MAX_REFIT_BACKOFF = 20
+"""The most doublings of the modeler's wait between a model type's unpaid refits (`RunDescribed.refit_backoff`)."""
 
 
 @dataclass(frozen=True)
@@ -523,3 +525,6 @@ class RunDescribed:
     anchors: str = spec("digest of the agreed fitting points every refit keeps (replay.config.FIT_POINTS); "
                         "empty: refits use the measured points only", max_len=64, default="",
                         example="3f1c2a9b0d4e5f60")
+    refit_backoff: int = spec("a model type whose last k refits in a row published nothing waits for "
+                              "5 * 2^min(k, this) measurements before its next refit; 0: 5 every time", ge=0,
+                              le=MAX_REFIT_BACKOFF, default=0, example=6)

@@ -388,3 +388,66 @@ def test_a_configuration_measured_again_is_taken_as_one_checked_afresh(env):
                     taken[p.event_id], allow_tp_across_nodes=st.model.allow_tp_across_nodes)
                 assert key == _config_key(p.config)
     assert rejected > 20 and refits > 0 and len(core._shapes) <= core.max_shapes
+
+
+def test_refits_that_publish_nothing_back_off_and_a_published_or_adopted_one_ends_the_run(env, monkeypatch):
+    """A job measured 30% over and 23% under the prediction in turn, on configurations the model cannot tell apart
+    (plain DP on 8 GPUs, twelve CPU counts): the window passes the threshold at every measurement and no refit beats
+    the current parameters. Without a backoff the type is refitted every 5 measurements; with `refit_backoff` n,
+    after k refits in a row that published nothing the next waits for 5 * 2^min(k, n) measurements. Parameters
+    adopted from `model.updated` end the run, and so does a refit that is published (a drift the model can follow):
+    the next waits 5 again. The refit set off is the same as without the backoff, only later: the points it sees are
+    the last ones kept."""
+    set_off: dict[str, list[int]] = {}
+    real_refit = ModelerCore._refit
+
+    def counted(self, event, key, st, reason):
+        set_off.setdefault(self.name, []).append(self._seq)
+        return real_refit(self, event, key, st, reason)
+
+    monkeypatch.setattr(ModelerCore, "_refit", counted)
+    cfg = Config(plan=Plan(dp=8), gpus_per_node=(8,), cpus_per_gpu=None, global_batch_size=16)
+
+    def swinging(core, start, n):
+        pred = float(core.predict("gpt2", [cfg])[0])
+        return [metric(start + i, (8,), pred * (0.77 if i % 2 else 1.3), cpus_per_gpu=1 + i % 12) for i in range(n)]
+
+    def gaps(name):
+        seq = set_off[name]
+        return [b - a for a, b in zip([0, *seq], seq)]
+
+    cores = {}
+    for n in (0, 1, 3):
+        core = ModelerCore({"gpt2": load_model(MODELS / "gpt2.yaml")}, env, {"gpt2": SEED}, refit_backoff=n)
+        core.name = f"backoff-{n}"
+        cores[n] = core
+        assert run(core, swinging(core, 0, 400)) == [] and core.types["gpt2"].version == 0
+    # the first two refits set off find too few points to fit and leave the window as it is: not a refit that fitted
+    assert gaps("backoff-0") == [5, 1, 1] + [5] * 78
+    assert gaps("backoff-1") == [5, 1, 1] + [10] * 39
+    assert gaps("backoff-3") == [5, 1, 1, 10, 20] + [40] * 9
+    st = cores[3].types["gpt2"]
+    assert st.unpaid_in_a_row == 12 and st.waited == 400 - sum(gaps("backoff-3"))
+
+    adopted = make("model.updated", ModelUpdated(model_type="gpt2", version=5, params=SEED.as_dict(), n_points=7,
+                                                 rmsle=0.05), time=2000.0, id="elsewhere", source="test")
+    cores[3].handle(adopted)
+    assert (st.version, st.unpaid_in_a_row, st.waited, st.errors) == (5, 0, 0, [])
+    before = len(set_off["backoff-3"])
+    run(cores[3], swinging(cores[3], 1000, 40))
+    assert set_off["backoff-3"][before:] == [405, 415, 435]  # the run starts again from the adopted parameters
+
+    # a drift the model can follow: the refit waits out the backoff and then is published, ending the run
+    st.waited, st.errors = 0, []
+    before = len(set_off["backoff-3"])
+    published = []
+    for start in range(2000, 3000, 100):
+        for e in drifted(cores[3], 1.3, start=start):
+            published = [out for out in cores[3].handle(e) if out.subject == "model.updated"]
+            if published:
+                break
+        if published:
+            break
+    assert published and published[0].payload.version == 6
+    assert set_off["backoff-3"][before] - set_off["backoff-3"][before - 1] >= 40  # waited 5 * 2^3 measurements
+    assert (st.unpaid_in_a_row, st.waited, st.errors) == (0, 0, [])

@@ -135,7 +135,7 @@ def test_a_report_on_a_damaged_log_names_what_its_plots_leave_out(tmp_path, caps
     ("--sample-every", "0"), ("--sample-every", "nan"), ("--noise", "-1"), ("--noise", "nan"),
     ("--restart-cost", "-1"), ("--restart-cost", "nan"), ("--start-cost", "inf"), ("--batch", "nan"),
     ("--hold", "-1"), ("--max-time-h", "0"), ("--max-time-h", "-1"), ("--max-time-h", "nan"),
-    ("--seed", "-1"), ("--scale", "0"),
+    ("--seed", "-1"), ("--scale", "0"), ("--refit-backoff", "-1"), ("--refit-backoff", "21"),
 ])
 def test_an_impossible_number_is_refused_before_anything_runs(tmp_path, capsys, option, value):
     trace = trace_slice(tmp_path, "workload-base.csv", rows=3)

@@ -163,6 +163,18 @@ def test_runs_recorded_before_batching_holding_and_backoff_are_rebuilt_without_t
     assert RunConfig.from_json(RunConfig(policy="rubick").to_json()) == RunConfig(policy="rubick")
 
 
+def test_runs_recorded_before_the_refit_backoff_refit_as_often_as_they_did():
+    from replay.config import control_cores, load_parts
+
+    old = RunConfig(policy="rubick").to_json()
+    del old["refit_backoff"]
+    assert RunConfig.from_json(old).refit_backoff == 0 and RunConfig(policy="rubick").refit_backoff == 6
+    parts = load_parts()
+    for backoff in (0, 6):
+        modeler = control_cores(RunConfig(policy="rubick", refit_backoff=backoff), parts)[1]
+        assert modeler.name == "modeler" and modeler.refit_backoff == backoff
+
+
 def test_runs_recorded_before_error_bounds_refit_without_anchors_or_bounds(tmp_path, monkeypatch):
     from replay import config as run_config
     from replay.config import Parts, control_cores, fit_anchors, fit_points_digest

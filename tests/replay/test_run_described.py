@@ -55,3 +55,25 @@ def test_replicas_describing_the_same_core_give_one_id(parts):
     assert a.id == b.id and a.source == "service-policy"
     other = description_event(describe("policy", replace(cfg, restart_cost_s=1.0), parts), 1.0)
     assert other.id != a.id
+
+
+def test_the_modelers_refit_backoff_is_described_and_a_description_recorded_before_it_rebuilds_without_it(
+        tmp_path, parts):
+    import msgpack
+
+    cfg = RunConfig(policy="rubick", cluster="", refit_backoff=3)
+    described = description_event(describe("modeler", cfg, parts), 100.0)
+    assert described.payload.refit_backoff == 3
+    write(tmp_path / "new", [described])
+    (modeler,) = rebuilt_cores(read_run(tmp_path / "new"))
+    assert modeler.name == "modeler" and modeler.refit_backoff == 3
+
+    old = msgpack.unpackb(encode(described), raw=False)  # as recorded before descriptions carried it
+    del old["data"]["refit_backoff"]
+    write_log(tmp_path / "old", [("run.described", msgpack.packb(old, use_bin_type=True), 100.0)], config={"x": 1},
+              params={}, sources={})
+    (tmp_path / "old" / RUN_FILE).unlink()
+    run = read_run(tmp_path / "old")
+    assert run["config"]["refit_backoff"] == 0
+    (modeler,) = rebuilt_cores(run)
+    assert modeler.refit_backoff == 0
