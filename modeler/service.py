@@ -109,8 +109,8 @@ class ModelerCore:
                  anchors: Mapping[str, Measurements] | None = None,
                  bounds: Mapping[str, Mapping[str, float]] | None = None,
                  refit_folds: int = REFIT_FOLDS, refit_backoff: int = 0) -> None:
-        if not 0 <= refit_backoff <= MAX_REFIT_BACKOFF:
-            raise ValueError(f"refit_backoff must be 0..{MAX_REFIT_BACKOFF}, got {refit_backoff!r}")
+        if type(refit_backoff) is not int or not 0 <= refit_backoff <= MAX_REFIT_BACKOFF:
+            raise ValueError(f"refit_backoff must be a whole number 0..{MAX_REFIT_BACKOFF}, got {refit_backoff!r}")
         self.env = env
         self.refit_backoff = refit_backoff
         self.threshold = threshold

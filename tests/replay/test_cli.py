@@ -221,3 +221,20 @@ def test_a_batch_command_runs_without_the_collector_and_gives_it_back_to_a_calle
                               cwd=root, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert f"collector on at exit: {on}" in done.stdout, (command, done.stdout[-300:])
+
+
+@pytest.mark.parametrize("value", [21, -1, 6.5, True, "6"])
+def test_a_run_json_with_an_impossible_refit_backoff_is_refused_when_replayed(tmp_path, capsys, value):
+    trace = trace_slice(tmp_path, "workload-base.csv", rows=3)
+    run = tmp_path / "run"
+    assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(run), "--no-progress"]) == 0
+    record = run / "events" / "run.json"
+    doc = json.loads(record.read_text())
+    assert doc["config"]["refit_backoff"] == 6
+    assert main(["replay", str(run / "events")]) == 0
+    doc["config"]["refit_backoff"] = value
+    record.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["replay", str(run / "events")]) != 0
+    err = capsys.readouterr().err
+    assert "refit_backoff must be a whole number 0..20" in err and "Traceback" not in err
