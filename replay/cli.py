@@ -52,10 +52,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hold-backoff", type=float, default=3600.0,
                    help="seconds within which each change of a job doubles its hold (at most 16 times), so a job "
                         "shrunk and grown back again and again is left alone longer (default 3600; 0 = none)")
-    p.add_argument("--refit-backoff", type=int, default=6, metavar="N",
+    p.add_argument("--refit-backoff", type=int, default=3, metavar="N",
                    help="a model type whose last k refits in a row published nothing waits for 5 * 2^min(k, N) "
                         "measurements before its next refit, so a model that cannot follow a type is not fitted "
-                        "again every few measurements (0 to 20; default 6; 0 = 5 every time)")
+                        "again every few measurements (0 to 20; default 3; 0 = 5 every time)")
     p.add_argument("--sample-every", type=float, default=600.0,
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")

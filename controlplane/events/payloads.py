@@ -527,4 +527,4 @@ class RunDescribed:
                         example="3f1c2a9b0d4e5f60")
     refit_backoff: int = spec("a model type whose last k refits in a row published nothing waits for "
                               "5 * 2^min(k, this) measurements before its next refit; 0: 5 every time", ge=0,
-                              le=MAX_REFIT_BACKOFF, default=0, example=6)
+                              le=MAX_REFIT_BACKOFF, default=0, example=3)

@@ -230,7 +230,7 @@ def test_a_run_json_with_an_impossible_refit_backoff_is_refused_when_replayed(tm
     assert main(["simulate", "--trace", str(trace), "--policy", "rubick", "--out", str(run), "--no-progress"]) == 0
     record = run / "events" / "run.json"
     doc = json.loads(record.read_text())
-    assert doc["config"]["refit_backoff"] == 6
+    assert doc["config"]["refit_backoff"] == 3
     assert main(["replay", str(run / "events")]) == 0
     doc["config"]["refit_backoff"] = value
     record.write_text(json.dumps(doc))

@@ -168,9 +168,9 @@ def test_runs_recorded_before_the_refit_backoff_refit_as_often_as_they_did():
 
     old = RunConfig(policy="rubick").to_json()
     del old["refit_backoff"]
-    assert RunConfig.from_json(old).refit_backoff == 0 and RunConfig(policy="rubick").refit_backoff == 6
+    assert RunConfig.from_json(old).refit_backoff == 0 and RunConfig(policy="rubick").refit_backoff == 3
     parts = load_parts()
-    for backoff in (0, 6):
+    for backoff in (0, 3, 6):
         modeler = control_cores(RunConfig(policy="rubick", refit_backoff=backoff), parts)[1]
         assert modeler.name == "modeler" and modeler.refit_backoff == backoff
 
