@@ -187,7 +187,8 @@ class ModelerCore:
             params = PerfParams.from_dict(dict(upd.params))
         except ValueError:
             return
-        st.params, st.version, st.errors, st.waited, st.unpaid_in_a_row = params, upd.version, [], 0, 0
+        st.params, st.version = params, upd.version
+        self._new_parameters(st)
         if upd.error_bounds is not None:
             st.bounds = clean_bounds(upd.error_bounds)
 
@@ -248,6 +249,12 @@ class ModelerCore:
     def _wait(self, st: _TypeState) -> int:
         """Measurements the window must have taken since it started again before a refit (`refit_backoff`)."""
         return self.min_window << min(st.unpaid_in_a_row, self.refit_backoff)
+
+    @staticmethod
+    def _new_parameters(st: _TypeState) -> None:
+        """The type's parameters changed (published or adopted): the window starts again and the run of unpaid refits
+        ends."""
+        st.errors, st.waited, st.unpaid_in_a_row = [], 0, 0
 
     def _unpaid(self, st: _TypeState) -> None:
         """A refit fitted and published nothing: the window starts again, and the next refit waits longer."""
@@ -315,8 +322,8 @@ class ModelerCore:
         if self.refit_folds > 1:
             sigma, used, by = out_of_fold(st.model, self.env, seen, result, folds=self.refit_folds)
             bounds = Uncertainty(sigma, used, by_family=by).margins() if used else None
-        st.params, st.version, st.errors, st.bounds, st.unpaid = params, st.version + 1, [], bounds, None
-        st.waited = st.unpaid_in_a_row = 0
+        st.params, st.version, st.bounds, st.unpaid = params, st.version + 1, bounds, None
+        self._new_parameters(st)
         payload = ModelUpdated(model_type=key, version=st.version, params=params.as_dict(),
                                n_points=result.n_points, rmsle=float(result.rmsle), reason=reason,
                                error_bounds=bounds)
