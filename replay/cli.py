@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controlplane.cli.common import fail
-from controlplane.events.payloads import MAX_REFIT_BACKOFF, NETWORK_SETTINGS
+from controlplane.events.payloads import DEFAULT_REFIT_BACKOFF, MAX_REFIT_BACKOFF, NETWORK_SETTINGS
 
 from .progress import add_flag as add_progress_flag, enabled as progress_enabled
 
@@ -52,10 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hold-backoff", type=float, default=3600.0,
                    help="seconds within which each change of a job doubles its hold (at most 16 times), so a job "
                         "shrunk and grown back again and again is left alone longer (default 3600; 0 = none)")
-    p.add_argument("--refit-backoff", type=int, default=3, metavar="N",
+    p.add_argument("--refit-backoff", type=int, default=DEFAULT_REFIT_BACKOFF, metavar="N",
                    help="a model type whose last k refits in a row published nothing waits for 5 * 2^min(k, N) "
                         "measurements before its next refit, so a model that cannot follow a type is not fitted "
-                        "again every few measurements (0 to 20; default 3; 0 = 5 every time)")
+                        f"again every few measurements (0 to {MAX_REFIT_BACKOFF}; default {DEFAULT_REFIT_BACKOFF}; "
+                        "0 = 5 every time)")
     p.add_argument("--sample-every", type=float, default=600.0,
                    help="seconds between a running job's metrics.iteration samples (default 600)")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of measured iteration times (default 0)")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from controlplane.admission import AdmissionCore
 from controlplane.events import Event, NodeRegistered, make
-from controlplane.events.payloads import NETWORK_SETTINGS
+from controlplane.events.payloads import DEFAULT_REFIT_BACKOFF, NETWORK_SETTINGS
 from modeler.env import DEFAULT_ENV_FILE, Environment, load_env
 from modeler.perf_model import PerfParams
 from modeler.predictor import ModelPredictor
@@ -77,7 +77,7 @@ class RunConfig:
     """rack uplink capacity = the rack's NIC capacity / this"""
     refit_folds: int = 5
     """see `modeler.service.ModelerCore`: folds of the out-of-fold error a refit publishes as its bound"""
-    refit_backoff: int = 3
+    refit_backoff: int = DEFAULT_REFIT_BACKOFF
     """see `modeler.service.ModelerCore.refit_backoff`: a model type whose last k refits in a row published
     nothing waits for 5 * 2^min(k, this) measurements before its next refit; 0 = 5 every time"""
     anchors: str = field(default_factory=lambda: fit_points_digest())

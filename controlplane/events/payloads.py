@@ -423,6 +423,9 @@ NETWORK_SETTINGS = ("none", *NETWORK_MODES)
 MAX_TRAFFIC_CLASSES = 8
 MAX_REFIT_BACKOFF = 20
 """The most doublings of the modeler's wait between a model type's unpaid refits (`RunDescribed.refit_backoff`)."""
+DEFAULT_REFIT_BACKOFF = 3
+"""The refit backoff of new simulations and deployments (`replay.config.RunConfig.refit_backoff`, `rubick simulate
+--refit-backoff`); runs recorded before it had none (0)."""
 
 
 @dataclass(frozen=True)
