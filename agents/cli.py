@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import socket
 from pathlib import Path
@@ -41,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="example trainer: seed")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="example trainer: also checkpoint every N iterations (0: only when asked)")
+    p.add_argument("--min-iteration-s", type=float, default=0.0, metavar="S",
+                   help="example trainer: the least wall time of an iteration, the rest slept outside the measured "
+                        "time (0: none; on CPU devices it keeps a long job from taking every core)")
     p.add_argument("--log-level", default="info")
     t = p.add_argument_group("traffic classes", "what a job's traffic class (network.decided) sets in its training "
                              "processes' environment at launch (docs/network.md)")
@@ -90,6 +94,8 @@ def register(sub: Any) -> None:
 def run_agent(args: argparse.Namespace) -> int:
     if args.cpu_devices < 0:
         return fail("--cpu-devices must be >= 0")
+    if not (math.isfinite(args.min_iteration_s) and args.min_iteration_s >= 0):
+        return fail("--min-iteration-s must be a number of seconds, 0 or more")
     try:
         traffic_classes(args)
     except TrafficClassError as exc:
@@ -113,6 +119,8 @@ async def _agent(args: argparse.Namespace, url: str) -> int:
 
     state_dir = args.state_dir or state_dir_for(args.data_dir, args.node)
     run_extra = {"size": args.size, "seed": args.seed, "checkpoint_every": args.checkpoint_every}
+    if args.min_iteration_s > 0:
+        run_extra["min_iteration_s"] = args.min_iteration_s
     credentials = agent_credentials(args)
     if args.launcher == "kubernetes":
         try:

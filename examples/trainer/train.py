@@ -13,14 +13,21 @@ contract whether to stop (the agent asked, SIGTERM, the agent's lease ran out, o
 `stop_after` iterations are done): then it checkpoints and exits 0 (state `checkpointed`, `stopped_by`
 saying why). Rank 0 keeps the status file current (state, iterations done, loss, first-iteration
 time). Started by hand with a run file (`examples.trainer.runner`), the files are the job folder's.
+
+`min_iteration_s` in the run file (`rubick agent --min-iteration-s`; default 0) is the least wall time an iteration
+takes: what its work leaves of it is slept after the iteration, outside the time the reporter measures. On CPU devices
+the example trainer otherwise keeps every core it is given busy for as long as it runs, where a job on a GPU leaves
+the host's cores mostly idle; a floor keeps a long demonstration or test job from taking the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +60,29 @@ def stop_requested(job: TrainingJob) -> str | None:
     return STOPPED_BY[int(flag.item())] or None
 
 
+def iteration_floor(run: dict) -> float:
+    """The run file's `min_iteration_s` (0 when absent): a finite number of seconds, 0 or more; anything else ends the
+    run with the reason."""
+    raw = run.get("min_iteration_s")
+    if raw is None:
+        return 0.0
+    try:
+        floor = float(raw)
+    except (TypeError, ValueError):
+        floor = math.nan
+    if isinstance(raw, bool) or not (math.isfinite(floor) and floor >= 0):
+        raise SystemExit(f"min_iteration_s = {raw!r} in the run file: give a number of seconds, 0 or more")
+    return floor
+
+
+def rest(began: float, floor: float) -> None:
+    """Sleep what is left of an iteration begun at `began` (`time.monotonic()`) under a floor of `floor` seconds."""
+    if floor > 0:
+        left = floor - (time.monotonic() - began)
+        if left > 0:
+            time.sleep(left)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="run file written by the agent's launcher")
@@ -80,6 +110,7 @@ def train(job: TrainingJob) -> int:
     job.rank = rank
     if world != plan.gpus:
         raise SystemExit(f"world size {world} differs from the plan's dp*tp*pp = {plan.gpus}")
+    floor = iteration_floor(run)
     (job_dir / "pids").mkdir(parents=True, exist_ok=True)
     (job_dir / "pids" / f"rank-{rank}").write_text(str(os.getpid()))
     torch.set_num_threads(max(1, int(run.get("cpus_per_gpu") or 1)))
@@ -110,6 +141,7 @@ def train(job: TrainingJob) -> int:
     it = start
     stop_after = run.get("stop_after")  # checkpoint and exit after this many iterations, as if asked to
     while it < target:
+        began = time.monotonic()
         stopped_by = stop_requested(job) or ("stop_after" if stop_after is not None and it >= int(stop_after)
                                                  else None)
         if stopped_by:
@@ -130,6 +162,7 @@ def train(job: TrainingJob) -> int:
             checkpoint.save(ckpt_path, engine, model, {"iteration": it, "plan": plan.code(),
                                                        "model_type": run.get("model_type")})
         job.iteration_done(it, loss=micro_loss)
+        rest(began, floor)
     else:
         engine.eval()
         with torch.no_grad():
@@ -174,6 +207,7 @@ def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckp
 
     run, plan = job.run, job.plan
     seed, gbs, target = int(run.get("seed", 0)), int(run["global_batch_size"]), int(run["target_iterations"])
+    floor = iteration_floor(run)
     try:
         par = parallel.build(plan, model, gbs, lr=float(run.get("lr", 3e-3)))
     except parallel.PlanUnsupported as exc:
@@ -190,6 +224,7 @@ def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckp
     stop_after = run.get("stop_after")
     it = start
     while it < target:
+        began = time.monotonic()
         stopped_by = stop_requested(job) or ("stop_after" if stop_after is not None and it >= int(stop_after)
                                                  else None)
         if stopped_by:
@@ -204,6 +239,7 @@ def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckp
         if every and it % every == 0 and it < target:
             checkpoint.save_owned(ckpt_path, par.params, par.optimizer, par.contributes, {"iteration": it, **meta})
         job.iteration_done(it, loss=loss)
+        rest(began, floor)
     else:
         whole = checkpoint.collect_owned(par.params, par.optimizer, par.contributes)
         if whole is not None:  # rank 0: the whole model, evaluated as the DeepSpeed path does

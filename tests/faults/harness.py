@@ -198,6 +198,8 @@ class Deployment:
     lease_ttl: float = LEASE_TTL
     services: tuple[str, ...] = ("recorder", *SERVICES)
     """The `rubick service` processes started (each `replicas` times)."""
+    agent_args: tuple[str, ...] = ()
+    """Added to the agent's command line."""
     nats: Nats | None = None
     bus: JetStreamBus | None = None
     procs: dict[str, list[Proc]] = field(default_factory=dict)
@@ -238,7 +240,8 @@ class Deployment:
 
     def start_agent(self) -> Proc:
         return Proc("agent", ["agent", "--nats-url", self.nats.url, "--node", "n0", "--cpu-devices", "2",
-                              "--state-dir", str(self.agent_state), "--heartbeat", "0.5", "--log-level", "warning"],
+                              "--state-dir", str(self.agent_state), "--heartbeat", "0.5", "--log-level", "warning",
+                              *self.agent_args],
                     env={"RUBICK_AGENT_LEASE_S": "60"})
 
     async def active(self, name: str, timeout: float = 30.0) -> Proc:

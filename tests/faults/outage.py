@@ -37,6 +37,9 @@ ITERATIONS = 10**6
 """The job's iterations: far more than it can make while the test runs (it ends when its owner cancels it)."""
 GBS = 64
 """The job's global batch size: large enough that a minute's iterations fit the reporter's buffer."""
+PACE_S = 1.0
+"""The least wall time of one of the job's iterations (`rubick agent --min-iteration-s`): the trainer sleeps the rest
+of it, so that through the minute it trains on a share of the machine instead of all of it."""
 
 
 def outage_seconds() -> float:
@@ -56,6 +59,8 @@ class OutageOutcome(Outcome):
     """Iterations the log holds that the job made after the server was back."""
     agent_alive: bool = False
     reported: list[int] = field(default_factory=list)
+    reported_at: list[float] = field(default_factory=list)
+    """The times of the job's `metrics.iteration` events in the log, in the order of their iterations."""
     stopped_at: int = -1
     """The iterations the job had done when it stopped, as the agent said (`job.preempted`); -1: it did not say."""
     stop_reason: str = ""
@@ -88,7 +93,7 @@ def iteration_of(state_dir: Path, job_id: str) -> int:
 async def run_outage(tmp: Path, outage_s: float) -> OutageOutcome:
     """Deploy with a real agent, train a long job, take NATS away for `outage_s`, bring it back, wait until the
     log has caught up with the training, cancel the job, check."""
-    d = Deployment(tmp, agent=True, lease_ttl=DEFAULT_TTL_S)
+    d = Deployment(tmp, agent=True, lease_ttl=DEFAULT_TTL_S, agent_args=("--min-iteration-s", str(PACE_S)))
     outcome = OutageOutcome("nats unreachable")
     await d.start()
     try:
@@ -122,8 +127,9 @@ async def run_outage(tmp: Path, outage_s: float) -> OutageOutcome:
         await d.stop_agent()
         last = await d.settled()
         await d.check(outcome, last)
-        outcome.reported = sorted(e.payload.iteration for e in log_events(d.log).events
-                                  if e.base == "metrics.iteration" and e.payload.job_id == JOB)
+        mine = sorted((e.payload.iteration, e.time) for e in log_events(d.log).events
+                      if e.base == "metrics.iteration" and e.payload.job_id == JOB)
+        outcome.reported, outcome.reported_at = [i for i, _ in mine], [t for _, t in mine]
         outcome.recover_s = outcome.outage_s
     finally:
         await d.stop()
