@@ -26,13 +26,22 @@ if str(REPO) not in sys.path:
 
 from agents.plan_config import loopback_args, trainer_command  # noqa: E402
 from controlplane.lifetime import die_with_parent  # noqa: E402
+from examples.trainer.forks import Forked, Forks
+
+
+def launch_env() -> dict[str, str]:
+    """The environment of the runner's launches: the repository importable, one thread a process, sockets on the
+    loopback interface."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
-          script: Path = TRAINER, warm: bool = True) -> subprocess.Popen:
+          script: Path = TRAINER, warm: bool = True, forks: Forks | None = None) -> subprocess.Popen | Forked:
     """Write the run file and start torchrun with `nproc` processes running `script`; returns at once. `warm`: the
     processes of the project's trainer scripts are forked from torchrun with their modules imported
-    (`agents.torchrun`); this runner trains on the CPU, where that is safe."""
+    (`agents.torchrun`); this runner trains on the CPU, where that is safe. `forks`: torchrun itself is forked from
+    that warm process (`examples.trainer.forks`, started with `launch_env()`) instead of started afresh."""
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "control").mkdir(exist_ok=True)
     (job_dir / "control" / "stop").unlink(missing_ok=True)
@@ -41,16 +50,18 @@ def start(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1,
            **run, "job_dir": str(job_dir), "attempt": attempt}
     run_file = job_dir / f"run-a{attempt}.json"
     run_file.write_text(json.dumps(doc))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-           "NCCL_SOCKET_IFNAME": "lo"}
+    cmd = trainer_command(sys.executable, loopback_args(f"local-{attempt}", nproc), str(script), [str(run_file)],
+                          warm=warm or forks is not None)
+    if forks is not None:
+        (job_dir / f"log-a{attempt}.txt").write_bytes(b"")
+        return forks.start(cmd, REPO, job_dir / f"log-a{attempt}.txt")
+    env = launch_env()
     with open(job_dir / f"log-a{attempt}.txt", "wb") as log:
-        cmd = trainer_command(sys.executable, loopback_args(f"local-{attempt}", nproc), str(script), [str(run_file)],
-                              warm=warm)
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen | Forked) -> None:
     """SIGKILL torchrun and its workers (its process group), and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -66,7 +77,7 @@ def status(job_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def wait_for(job_dir: Path, proc: subprocess.Popen, what: Callable[[dict[str, Any]], bool],
+def wait_for(job_dir: Path, proc: subprocess.Popen | Forked, what: Callable[[dict[str, Any]], bool],
              timeout: float = 300.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,9 +99,11 @@ def tail(job_dir: Path, lines: int = 20) -> str:
     return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else ""
 
 
-def run(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1, timeout: float = 300.0) -> dict[str, Any]:
-    """Run to the end (completed, or checkpointed at `stop_after`) and return the final status."""
-    proc = start(job_dir, run, nproc, attempt)
+def run(job_dir: Path, run: dict[str, Any], nproc: int, attempt: int = 1, timeout: float = 300.0,
+        forks: Forks | None = None) -> dict[str, Any]:
+    """Run to the end (completed, or checkpointed at `stop_after`) and return the final status (`forks`: see
+    `start`)."""
+    proc = start(job_dir, run, nproc, attempt, forks=forks)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 
 import pytest
 
 from examples.trainer.data import ALPHABET
-from examples.trainer.runner import run
+from examples.trainer.forks import Forks
+from examples.trainer.runner import launch_env, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -36,7 +38,17 @@ STEPS = [  # (plan, processes, iterations it runs to)
 TOLERANCE = 1e-5
 
 
-def test_four_plan_changes_through_offload_and_tp_pp_end_with_the_uninterrupted_loss(tmp_path):
+@pytest.fixture(scope="module")
+def forks():
+    """One warm process to fork launches from (`examples.trainer.forks`): each then skips torchrun's imports, seconds
+    of CPU a launch."""
+    with Forks(launch_env()) as warm:
+        yield warm
+
+
+def test_four_plan_changes_through_offload_and_tp_pp_end_with_the_uninterrupted_loss(tmp_path, forks):
+    """The uninterrupted run is launched the runner's usual way (torchrun started afresh), the others forked from
+    the warm process: the two ways train the same (the losses agree), and another seed does not."""
     from controlplane.events import Plan
     from controlplane.events.schema import build
 
@@ -44,13 +56,13 @@ def test_four_plan_changes_through_offload_and_tp_pp_end_with_the_uninterrupted_
     job = tmp_path / "changed"
     for attempt, (plan, nproc, until) in enumerate(STEPS, start=1):
         extra = {} if until == N else {"stop_after": until}
-        st = run(job, {**COMMON, "plan": plan, "seed": 0, **extra}, nproc=nproc, attempt=attempt)
+        st = run(job, {**COMMON, "plan": plan, "seed": 0, **extra}, nproc=nproc, attempt=attempt, forks=forks)
         assert st["started_iteration"] == (STEPS[attempt - 2][2] if attempt > 1 else 0)
         assert st["iteration"] == until and st["state"] == ("completed" if until == N else "checkpointed")
         assert st["plan"] == build(Plan, plan).code(), "the run trained under another plan than the one asked"
     changed = st
     # another seed, on one process: a plan changes only the order of the sums (~1e-7), a seed the loss (~2e-3)
-    other_seed = run(tmp_path / "seed", {**COMMON, "plan": {"dp": 1}, "seed": 1}, nproc=1)
+    other_seed = run(tmp_path / "seed", {**COMMON, "plan": {"dp": 1}, "seed": 1}, nproc=1, forks=forks)
 
     base = straight["eval_loss"]
     assert base < math.log(len(ALPHABET)), "the model did not learn anything"
@@ -75,14 +87,14 @@ def _batch(plan: dict) -> int:
     return 6 if plan.get("tp") == 3 or plan.get("pp") == 3 else 8
 
 
-def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path):
+def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path, forks):
     """tp not dividing the heads, pp not dividing the layers, ZeRO with TP, micro-batches not dividing the
     batch: the run fails at once saying why; a checkpoint of another model type is refused, never ignored.
 
     Every refusal is the trainer's own check (`parallel.check`, `train.read_checkpoint`), asked here of each case
     in this process; a launch under torchrun shows, once for a plan and once for each kind of checkpoint that
     needs the trainer's ranks to find out, that the run ends with that reason (each launch costs some 15 s of
-    process start-up on a small machine, the same path for every case)."""
+    process start-up on a small machine, the same path for every case; forked from the warm process, less)."""
     from controlplane.events import Plan
     from controlplane.events.schema import build
     from examples.trainer import parallel
@@ -95,23 +107,28 @@ def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path):
     for plan, _, said in REFUSED:
         with pytest.raises(parallel.PlanUnsupported, match=re.escape(said)):
             parallel.check(build(Plan, plan), model, _batch(plan))
+    with pytest.raises(ValueError, match="not a warm launch of agents.torchrun"):  # a user's script is never forked
+        forks.start([sys.executable, "-m", "agents.torchrun", "--nproc-per-node=1", "own.py"], tmp_path,
+                    tmp_path / "own.txt")
     plan, nproc, said = REFUSED[2]  # a launch of the same check: the run fails and says why
     with pytest.raises(RuntimeError) as err:
-        run(tmp_path / "bad", {**COMMON, "global_batch_size": _batch(plan), "plan": plan}, nproc=nproc, timeout=120)
+        run(tmp_path / "bad", {**COMMON, "global_batch_size": _batch(plan), "plan": plan}, nproc=nproc, timeout=120,
+            forks=forks)
     assert said in str(err.value), str(err.value)
 
     job = tmp_path / "foreign"
-    run(job, {**COMMON, "plan": {"dp": 1, "tp": 2}, "stop_after": 2, "model_type": "other-model"}, nproc=2)
+    run(job, {**COMMON, "plan": {"dp": 1, "tp": 2}, "stop_after": 2, "model_type": "other-model"}, nproc=2,
+        forks=forks)
     ckpt = job / "checkpoint.pt"
     with pytest.raises(SystemExit, match="is a checkpoint of model type other-model, not example"):
         read_checkpoint(ckpt, "example")
     assert read_checkpoint(ckpt, "other-model")["iteration"] == 2
     with pytest.raises(RuntimeError) as err:
-        run(job, {**COMMON, "plan": {"dp": 2}, "model_type": "example"}, nproc=2, attempt=2, timeout=120)
+        run(job, {**COMMON, "plan": {"dp": 2}, "model_type": "example"}, nproc=2, attempt=2, timeout=120, forks=forks)
     assert "is a checkpoint of model type other-model, not example" in str(err.value)
     with pytest.raises(RuntimeError) as err:  # a checkpoint of another size of model does not fit
         run(job, {**COMMON, "size": "tiny", "plan": {"dp": 1, "tp": 2}, "model_type": "other-model"}, nproc=2,
-            attempt=3, timeout=120)
+            attempt=3, timeout=120, forks=forks)
     assert "cannot resume from" in str(err.value) and "does not fit the model" in str(err.value)
     ckpt.write_bytes(b"\x80\x04torn")
     with pytest.raises(SystemExit, match="cannot read the checkpoint"):
