@@ -71,8 +71,9 @@ class Forks:
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 - the warm process's stderr, read on a failure
         self.proc = subprocess.Popen([sys.executable, "-m", "examples.trainer.forks"], cwd=REPO,
                                      env=env if env is not None else dict(os.environ), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._errors,
+                                     stdout=subprocess.PIPE, stderr=self._errors, bufsize=0,
                                      preexec_fn=die_with_parent(signal.SIGTERM))
+        # unbuffered: an answer read is read from the pipe alone, so `select` on the pipe sees every one not read yet
         self._last: Forked | None = None
         try:
             if not self._ready(start_timeout) or self._answer().get("ready") is not True:
@@ -95,7 +96,7 @@ class Forks:
         return self._last
 
     def close(self) -> None:
-        """End the warm process (a launch still running is its caller's to end)."""
+        """End the warm process (a launch still running ends with it, after at most 10 s)."""
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()

@@ -110,6 +110,11 @@ def test_refused_plans_and_a_foreign_checkpoint_fail_with_the_reason(tmp_path, f
     with pytest.raises(ValueError, match="not a warm launch of agents.torchrun"):  # a user's script is never forked
         forks.start([sys.executable, "-m", "agents.torchrun", "--nproc-per-node=1", "own.py"], tmp_path,
                     tmp_path / "own.txt")
+    # a launch that ends at once (torchrun refuses its arguments): its exit code comes back, its error is in its log
+    bad = forks.start([sys.executable, "-m", "agents.torchrun", "--preload=examples.trainer.train", "--no-such-option",
+                       "own.py"], tmp_path, tmp_path / "bad-args.txt")
+    assert bad.wait(60) == 2 and bad.poll() == 2
+    assert "unrecognized arguments: --no-such-option" in (tmp_path / "bad-args.txt").read_text()
     plan, nproc, said = REFUSED[2]  # a launch of the same check: the run fails and says why
     with pytest.raises(RuntimeError) as err:
         run(tmp_path / "bad", {**COMMON, "global_batch_size": _batch(plan), "plan": plan}, nproc=nproc, timeout=120,
