@@ -85,7 +85,7 @@ class Forks:
     def start(self, cmd: Sequence[str], cwd: Path, log: Path) -> Forked:
         """Fork a launch of `cmd` (an `agents.torchrun` command, as `trainer_command` makes it with `warm`), its
         output appended to `log`."""
-        if list(cmd[1:3]) != list(LAUNCHER) or not any(a.startswith("--preload=") for a in cmd[3:4]):
+        if tuple(cmd[1:3]) != LAUNCHER or len(cmd) < 4 or not cmd[3].startswith("--preload="):
             raise ValueError(f"not a warm launch of agents.torchrun: {' '.join(cmd)}")
         if self._last is not None and self._last.returncode is None:
             raise RuntimeError("the warm process forks one launch at a time, and the last one is still running")

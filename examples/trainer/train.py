@@ -121,7 +121,7 @@ def train(job: TrainingJob) -> int:
     ckpt_path = job.checkpoint_dir / CHECKPOINT
     saved = read_checkpoint(ckpt_path, job.run.get("model_type"))
     if plan.tp > 1 or plan.pp > 1:
-        return train_3d(job, model, data, saved, ckpt_path)
+        return train_3d(job, model, data, saved, ckpt_path, floor)
     if saved is not None:
         unusable(lambda: checkpoint.load_weights(saved, model), ckpt_path)
     config = (job.deepspeed_config() if DEEPSPEED_CONFIG in job.env
@@ -199,15 +199,16 @@ def unusable(load, path: Path) -> None:
         raise SystemExit(f"cannot resume from {path}: {exc}") from None
 
 
-def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path) -> int:
+def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path,
+             floor: float = 0.0) -> int:
     """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract. `parallel` is imported
     here: torch's tensor and pipeline modules take seconds to import (torch._dynamo among them), which a
-    data-parallel plan would pay at every start for nothing."""
+    data-parallel plan would pay at every start for nothing. `floor`: the run file's `min_iteration_s`, as `train` read
+    it (`iteration_floor`)."""
     from examples.trainer import parallel
 
     run, plan = job.run, job.plan
     seed, gbs, target = int(run.get("seed", 0)), int(run["global_batch_size"]), int(run["target_iterations"])
-    floor = iteration_floor(run)
     try:
         par = parallel.build(plan, model, gbs, lr=float(run.get("lr", 3e-3)))
     except parallel.PlanUnsupported as exc:
