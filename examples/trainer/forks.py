@@ -191,8 +191,10 @@ def _launch(ask: dict[str, Any], torchrun: Any, dies: Any) -> None:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - torchrun's report of a failed worker, as a launch of its own prints it
         traceback.print_exc()
-    exit_at_once(code)
-    os._exit(code)  # exit_at_once raises in a multiprocessing child, which this is not
+    try:
+        exit_at_once(code)
+    finally:  # whatever happens, the child never returns into the warm process's loop
+        os._exit(code)
 
 
 if __name__ == "__main__":
