@@ -200,7 +200,7 @@ def unusable(load, path: Path) -> None:
 
 
 def train_3d(job: TrainingJob, model, data: SumsDataset, saved: dict | None, ckpt_path: Path,
-             floor: float = 0.0) -> int:
+             floor: float) -> int:
     """A plan with tensor or pipeline parallelism (`parallel.py`), under the same contract. `parallel` is imported
     here: torch's tensor and pipeline modules take seconds to import (torch._dynamo among them), which a
     data-parallel plan would pay at every start for nothing. `floor`: the run file's `min_iteration_s`, as `train` read
